@@ -1,0 +1,68 @@
+# fastload: set-up, demo, tests and benchmarks. Every target installs what it
+# needs and is idempotent: run `make demo` or `make test` on a fresh machine.
+
+PYTHON_BOOT ?= python3
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+TORCH_SPEC  ?= torch==2.13.0
+APT_PACKAGES := liblmdb-dev libzstd-dev libxxhash-dev pkg-config
+SOURCES     := $(shell find csrc python -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.py' -o -name '*.pyi' -o -name 'py.typed' \)) CMakeLists.txt $(wildcard cmake/*.cmake) pyproject.toml
+ASAN_SITE   := build/asan-site
+ASAN_PRELOAD = $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so) $(shell gcc -print-file-name=libstdc++.so)
+
+.PHONY: install system-deps demo test test-asan test-cpp bench bench-quick lint clean
+
+install: $(VENV)/.installed
+
+# System libraries the native extension links against (Debian/Ubuntu only;
+# elsewhere CMake names the packages to install when they are missing).
+system-deps:
+	@scripts/install_system_deps.sh $(APT_PACKAGES)
+
+$(VENV)/.venv-ok:
+	$(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	touch $@
+
+# torch first, pinned, and only when missing: an unpinned torch pulls CUDA wheels.
+$(VENV)/.torch-ok: $(VENV)/.venv-ok
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.torch-ok $(SOURCES) | system-deps
+	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
+	$(PY) -m pip install -q --no-build-isolation ".[dev]"
+	touch $@
+
+demo: install
+	$(PY) -m fastload.demo --output-dir demo-output
+
+test: install test-cpp
+	$(PY) -m pytest tests
+
+# The C++ core's own tests, and the Python suite against an ASan+UBSan build.
+test-cpp: install
+	cmake -S . -B build/cpp-tests -DFASTLOAD_BUILD_TESTS=ON -DFASTLOAD_BUILD_PYTHON=OFF -DFASTLOAD_SANITIZE=ON >/dev/null
+	cmake --build build/cpp-tests -j2 >/dev/null
+	cd build/cpp-tests && ctest --output-on-failure
+
+test-asan: install
+	$(PY) -m pip install -q --no-build-isolation --no-deps --upgrade --target $(ASAN_SITE) \
+	    -C build-dir=build/asan -C cmake.define.FASTLOAD_SANITIZE=ON -C cmake.build-type=Debug .
+	PYTHONPATH=$(ASAN_SITE) LD_PRELOAD="$(ASAN_PRELOAD)" \
+	    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	    $(PY) -m pytest tests -m "not no_asan" -p no:cacheprovider
+
+bench: install
+	$(PY) -m pytest benchmarks --benchmark-only --benchmark-json=benchmarks/results/latest.json
+	$(PY) benchmarks/report.py benchmarks/results/latest.json
+
+bench-quick: install
+	FASTLOAD_BENCH_QUICK=1 $(PY) -m pytest benchmarks --benchmark-only
+
+lint: install
+	$(PY) -m ruff check python tests benchmarks
+	$(PY) -m mypy python/fastload
+
+clean:
+	rm -rf build demo-output $(VENV)

@@ -1,0 +1,213 @@
+#include "batch_reader.h"
+
+#include <algorithm>
+#include <string>
+
+#include "errors.h"
+
+namespace fastload {
+namespace {
+
+constexpr size_t kAlign = 64;
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count());
+}
+
+}  // namespace
+
+struct BatchReader::Job {
+  std::vector<uint64_t> indices;
+  std::shared_ptr<Slot> slot;
+  size_t num_chunks = 0;
+  size_t next_chunk = 0;        // guarded by BatchReader::mutex_
+  size_t chunks_left = 0;       // guarded by BatchReader::mutex_
+  std::exception_ptr error;     // guarded by BatchReader::mutex_
+  size_t error_position = 0;    // guarded by BatchReader::mutex_
+};
+
+BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<FieldSpec> fields,
+                         size_t batch_capacity, size_t num_threads, bool verify_checksums)
+    : shards_(std::move(shards)), fields_(std::move(fields)), capacity_(batch_capacity), verify_(verify_checksums) {
+  if (!shards_) throw FastloadError("BatchReader: no shards");
+  if (capacity_ == 0) throw FastloadError("BatchReader: batch capacity must be positive");
+  if (num_threads == 0) throw FastloadError("BatchReader: num_threads must be positive");
+  for (const FieldSpec& f : fields_) {
+    if (static_cast<uint8_t>(f.codec) > static_cast<uint8_t>(Codec::kZstdShuffle)) {
+      throw FastloadError("BatchReader: unknown codec id " + std::to_string(static_cast<int>(f.codec)));
+    }
+    offsets_.push_back(slot_bytes_);
+    slot_bytes_ = align_up(slot_bytes_ + capacity_ * static_cast<size_t>(f.decoded_bytes));
+  }
+  slot_bytes_ = std::max(slot_bytes_, kAlign);
+  // Enough chunks per batch that every thread has several to take, few
+  // enough that claiming one costs little next to decoding it.
+  chunk_size_ = std::max<size_t>(1, capacity_ / (num_threads * 4));
+  pool_ = std::make_shared<SlotPool>(slot_bytes_);
+  try {
+    for (size_t i = 0; i < num_threads; ++i) workers_.emplace_back([this] { worker_main(); });
+  } catch (...) {
+    close();
+    throw;
+  }
+}
+
+BatchReader::~BatchReader() { close(); }
+
+void BatchReader::close() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    work_.clear();
+  }
+  work_cv_.notify_all();
+  done_cv_.notify_all();
+  for (std::thread& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+  // Workers are gone: nothing writes into the slots any more.
+  std::lock_guard<std::mutex> lock(mutex_);
+  inflight_.clear();
+}
+
+bool BatchReader::closed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stop_;
+}
+
+size_t BatchReader::pending() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return inflight_.size();
+}
+
+void BatchReader::submit(std::vector<uint64_t> indices) {
+  if (indices.size() > capacity_) {
+    throw FastloadError("submit: " + std::to_string(indices.size()) + " samples exceed the batch capacity " +
+                        std::to_string(capacity_));
+  }
+  const uint64_t total = shards_->total_records();
+  for (uint64_t index : indices) {
+    if (index >= total) {
+      throw FastloadError("submit: sample index " + std::to_string(index) + " out of range for " +
+                          std::to_string(total) + " samples");
+    }
+  }
+  auto job = std::make_shared<Job>();
+  job->indices = std::move(indices);
+  job->num_chunks = (job->indices.size() + chunk_size_ - 1) / chunk_size_;
+  job->chunks_left = job->num_chunks;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_) throw FastloadError("submit: the reader is closed");
+  job->slot = pool_->try_acquire();
+  if (!job->slot) throw FastloadError("submit: no free batch buffer (add a slot first)");
+  inflight_.push_back(job);
+  if (job->num_chunks > 0) {
+    work_.push_back(job);
+    work_cv_.notify_all();
+  }
+}
+
+std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (stop_) throw FastloadError("wait_next: the reader is closed");
+  if (inflight_.empty()) throw FastloadError("wait_next: no batch was submitted");
+  const bool ready = done_cv_.wait_for(lock, timeout, [this] { return stop_ || inflight_.front()->chunks_left == 0; });
+  wait_ns_.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
+  if (stop_) throw FastloadError("wait_next: the reader was closed");
+  if (!ready) return std::nullopt;
+  std::shared_ptr<Job> job = std::move(inflight_.front());
+  inflight_.pop_front();
+  lock.unlock();
+  if (job->error) std::rethrow_exception(job->error);
+  batches_.fetch_add(1, std::memory_order_relaxed);
+  return CompletedBatch{std::move(job->slot), job->indices.size()};
+}
+
+void BatchReader::worker_main() {
+  RecordDecoder decoder(fields_, verify_);
+  std::vector<std::unique_ptr<ShardTxn>> txns(shards_->size());
+  for (;;) {
+    std::shared_ptr<Job> job;
+    size_t chunk = 0;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_cv_.wait(lock, [this] { return stop_ || !work_.empty(); });
+      if (stop_) return;
+      job = work_.front();
+      chunk = job->next_chunk++;
+      if (job->next_chunk == job->num_chunks) work_.pop_front();
+    }
+    std::exception_ptr error;
+    size_t error_position = 0;
+    try {
+      run_chunk(*job, chunk, decoder, txns);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (error) error_position = chunk * chunk_size_;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (error && (!job->error || error_position < job->error_position)) {
+        job->error = error;
+        job->error_position = error_position;
+      }
+      if (--job->chunks_left == 0) done_cv_.notify_all();
+    }
+  }
+}
+
+void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder,
+                            std::vector<std::unique_ptr<ShardTxn>>& txns) {
+  const size_t begin = chunk * chunk_size_;
+  const size_t end = std::min(begin + chunk_size_, job.indices.size());
+  std::vector<uint8_t*> dest(fields_.size());
+  uint64_t read_ns = 0, decode_ns = 0, bytes_read = 0;
+  for (size_t i = begin; i < end; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    const auto [shard, key] = shards_->locate(job.indices[i]);
+    if (!txns[shard]) txns[shard] = std::make_unique<ShardTxn>(shards_->shard(shard));
+    const auto [data, size] = txns[shard]->get(key);
+    read_ns += elapsed_ns(t0);
+    bytes_read += size;
+    for (size_t f = 0; f < fields_.size(); ++f) {
+      dest[f] = job.slot->data + offsets_[f] + i * static_cast<size_t>(fields_[f].decoded_bytes);
+    }
+    t0 = std::chrono::steady_clock::now();
+    try {
+      decoder.decode(data, size, dest.data());
+    } catch (const DecodeError& err) {
+      throw CorruptRecordError(shards_->shard(shard).path(), key, err.what());
+    }
+    decode_ns += elapsed_ns(t0);
+  }
+  uint64_t decoded = 0;
+  for (const FieldSpec& f : fields_) decoded += f.decoded_bytes * (end - begin);
+  samples_.fetch_add(end - begin, std::memory_order_relaxed);
+  bytes_read_.fetch_add(bytes_read, std::memory_order_relaxed);
+  bytes_decoded_.fetch_add(decoded, std::memory_order_relaxed);
+  read_ns_.fetch_add(read_ns, std::memory_order_relaxed);
+  decode_ns_.fetch_add(decode_ns, std::memory_order_relaxed);
+}
+
+ReaderStats BatchReader::stats() const {
+  ReaderStats s;
+  s.batches = batches_.load();
+  s.samples = samples_.load();
+  s.bytes_read = bytes_read_.load();
+  s.bytes_decoded = bytes_decoded_.load();
+  s.read_ns = read_ns_.load();
+  s.decode_ns = decode_ns_.load();
+  s.wait_ns = wait_ns_.load();
+  return s;
+}
+
+void BatchReader::reset_stats() {
+  for (auto* c : {&batches_, &samples_, &bytes_read_, &bytes_decoded_, &read_ns_, &decode_ns_, &wait_ns_}) {
+    c->store(0);
+  }
+}
+
+}  // namespace fastload

@@ -1,0 +1,114 @@
+// BatchReader: a pool of worker threads that decode batches of records from a
+// ShardSet straight into pooled batch buffers.
+//
+// The consumer (one thread: the Python iterator) submits batches, each a list
+// of global sample indices plus a slot, and receives them back strictly in
+// submission order with wait_next(). Workers split every batch into chunks,
+// so all threads work on the oldest batch first. Each worker owns a
+// RecordDecoder and one LMDB read transaction per shard it touches.
+//
+// A worker's error (corrupt record, missing key) is stored with its batch as
+// an exception_ptr and rethrown by wait_next() at that batch; batches before
+// it are delivered intact. When several samples of a batch fail, the one at
+// the lowest position in the batch wins, so the error is deterministic.
+//
+// Batch layout in a slot: field f occupies [field_offset(f), + capacity *
+// decoded_bytes(f)), sample i of field f at field_offset(f) + i *
+// decoded_bytes(f). Offsets are 64-byte aligned.
+//
+// Thread safety: submit(), wait_next(), close() and the destructor belong to
+// the consumer thread; stats() may be called from any thread. close() is
+// idempotent, discards batches not yet delivered and joins every worker; the
+// destructor calls it, so no thread outlives its reader.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "record_decoder.h"
+#include "shard_reader.h"
+#include "slot_pool.h"
+
+namespace fastload {
+
+struct CompletedBatch {
+  std::shared_ptr<Slot> slot;
+  size_t count = 0;
+};
+
+struct ReaderStats {
+  uint64_t batches = 0;        // delivered to the consumer
+  uint64_t samples = 0;        // decoded by workers
+  uint64_t bytes_read = 0;     // record bytes taken from LMDB
+  uint64_t bytes_decoded = 0;  // bytes written into batch buffers
+  uint64_t read_ns = 0;        // in LMDB lookups, summed over workers
+  uint64_t decode_ns = 0;      // in decompress/copy/verify, summed over workers
+  uint64_t wait_ns = 0;        // the consumer blocked in wait_next
+};
+
+class BatchReader {
+ public:
+  BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<FieldSpec> fields, size_t batch_capacity,
+              size_t num_threads, bool verify_checksums);
+  ~BatchReader();
+  BatchReader(const BatchReader&) = delete;
+  BatchReader& operator=(const BatchReader&) = delete;
+
+  size_t slot_bytes() const noexcept { return slot_bytes_; }
+  size_t field_offset(size_t f) const { return offsets_.at(f); }
+  size_t batch_capacity() const noexcept { return capacity_; }
+  size_t num_threads() const noexcept { return workers_.size(); }
+  const std::shared_ptr<SlotPool>& pool() const noexcept { return pool_; }
+
+  // Queues one batch. Throws FastloadError when closed, when there are more
+  // indices than the capacity, or when no slot is free (add one first).
+  void submit(std::vector<uint64_t> indices);
+
+  // The oldest submitted batch once complete; nullopt when `timeout` passes
+  // first. Rethrows that batch's error. Throws FastloadError if nothing is
+  // pending or the reader is closed.
+  std::optional<CompletedBatch> wait_next(std::chrono::milliseconds timeout);
+
+  size_t pending() const;
+  void close() noexcept;
+  bool closed() const;
+  ReaderStats stats() const;
+  void reset_stats();
+
+ private:
+  struct Job;
+  void worker_main();
+  void run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, std::vector<std::unique_ptr<ShardTxn>>& txns);
+
+  std::shared_ptr<const ShardSet> shards_;
+  std::vector<FieldSpec> fields_;
+  size_t capacity_;
+  std::vector<size_t> offsets_;
+  size_t slot_bytes_ = 0;
+  size_t chunk_size_ = 1;
+  bool verify_;
+  std::shared_ptr<SlotPool> pool_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  std::deque<std::shared_ptr<Job>> work_;      // jobs with chunks not yet claimed
+  std::deque<std::shared_ptr<Job>> inflight_;  // every undelivered job, in order
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+
+  std::atomic<uint64_t> batches_{0}, samples_{0}, bytes_read_{0}, bytes_decoded_{0};
+  std::atomic<uint64_t> read_ns_{0}, decode_ns_{0}, wait_ns_{0};
+};
+
+}  // namespace fastload

@@ -1,0 +1,254 @@
+// The only file that knows Python: pybind11 bindings of the fastload core.
+//
+// Note on the GIL: with the GIL held we parse arguments and take pointers and
+// sizes from buffers; then one py::gil_scoped_release scope does the C++ work
+// and touches no Python object; then results are built with the GIL back.
+// Waiting for a batch releases the GIL in slices of kSignalPollMs so that
+// Ctrl-C (PyErr_CheckSignals) interrupts a wait promptly.
+//
+// Python objects kept alive by C++ (batch buffers handed in by Python) are
+// held through GilObject, whose destructor takes the GIL before the decref.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "batch_reader.h"
+#include "errors.h"
+#include "permutation.h"
+#include "record_decoder.h"
+#include "shard_reader.h"
+
+namespace py = pybind11;
+using namespace fastload;
+
+namespace {
+
+constexpr int kSignalPollMs = 50;
+
+using FieldTuple = std::tuple<int, uint32_t, uint64_t>;  // codec id, itemsize, decoded bytes
+
+std::vector<FieldSpec> to_specs(const std::vector<FieldTuple>& fields) {
+  std::vector<FieldSpec> specs;
+  for (const auto& [codec, itemsize, decoded] : fields) {
+    if (codec < 0 || codec > static_cast<int>(Codec::kZstdShuffle)) {
+      throw py::value_error("unknown codec id " + std::to_string(codec));
+    }
+    specs.push_back(FieldSpec{static_cast<Codec>(codec), itemsize, decoded});
+  }
+  return specs;
+}
+
+// Holds a Python object from C++; safe to destroy on any thread.
+struct GilObject {
+  py::object obj;
+  explicit GilObject(py::object o) : obj(std::move(o)) {}
+  ~GilObject() {
+    py::gil_scoped_acquire gil;
+    py::object drop = std::move(obj);
+  }
+};
+
+// The numpy base of a delivered batch: the slot returns to the pool when the
+// last array (and so the last tensor) viewing it is gone.
+struct SlotLease {
+  std::shared_ptr<Slot> slot;
+};
+
+// A BatchReader plus the Python-side description of its fields.
+class PyBatchReader {
+ public:
+  PyBatchReader(std::shared_ptr<const ShardSet> shards, const std::vector<FieldTuple>& fields,
+                std::vector<py::dtype> dtypes, std::vector<std::vector<py::ssize_t>> shapes, size_t batch_capacity,
+                size_t num_threads, bool verify)
+      : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)) {
+    if (dtypes_.size() != fields.size() || shapes_.size() != fields.size()) {
+      throw py::value_error("fields, dtypes and shapes differ in length");
+    }
+    auto specs = to_specs(fields);
+    py::gil_scoped_release release;
+    reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), batch_capacity, num_threads, verify);
+  }
+
+  ~PyBatchReader() {
+    py::gil_scoped_release release;
+    reader_.reset();
+  }
+
+  BatchReader& reader() {
+    if (!reader_) throw FastloadError("the reader is closed");
+    return *reader_;
+  }
+
+  void add_slot(const py::buffer& buffer) {
+    py::buffer_info info = buffer.request(true);
+    const auto bytes = static_cast<size_t>(info.size * info.itemsize);
+    if (info.ndim != 1 || info.strides[0] != info.itemsize) {
+      throw py::value_error("add_slot: the buffer must be one-dimensional and contiguous");
+    }
+    reader().pool()->add(static_cast<uint8_t*>(info.ptr), bytes, std::make_shared<GilObject>(buffer));
+  }
+
+  void submit(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices) {
+    std::vector<uint64_t> copy(indices.data(), indices.data() + indices.size());
+    BatchReader& r = reader();
+    py::gil_scoped_release release;
+    r.submit(std::move(copy));
+  }
+
+  py::list next() {
+    BatchReader& r = reader();
+    std::optional<CompletedBatch> batch;
+    while (!batch) {
+      {
+        py::gil_scoped_release release;
+        batch = r.wait_next(std::chrono::milliseconds(kSignalPollMs));
+      }
+      if (!batch && PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+    py::object base = py::cast(SlotLease{batch->slot});
+    py::list arrays;
+    for (size_t f = 0; f < dtypes_.size(); ++f) {
+      std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(batch->count)};
+      shape.insert(shape.end(), shapes_[f].begin(), shapes_[f].end());
+      arrays.append(py::array(dtypes_[f], shape, {}, batch->slot->data + r.field_offset(f), base));
+    }
+    return arrays;
+  }
+
+  void close() {
+    if (!reader_) return;
+    py::gil_scoped_release release;
+    reader_->close();
+  }
+
+ private:
+  std::vector<py::dtype> dtypes_;
+  std::vector<std::vector<py::ssize_t>> shapes_;
+  std::unique_ptr<BatchReader> reader_;
+};
+
+py::dict stats_dict(const ReaderStats& s) {
+  py::dict d;
+  d["batches"] = s.batches;
+  d["samples"] = s.samples;
+  d["bytes_read"] = s.bytes_read;
+  d["bytes_decoded"] = s.bytes_decoded;
+  d["read_s"] = static_cast<double>(s.read_ns) * 1e-9;
+  d["decode_s"] = static_cast<double>(s.decode_ns) * 1e-9;
+  d["wait_s"] = static_cast<double>(s.wait_ns) * 1e-9;
+  return d;
+}
+
+void raise_typed(const char* class_name, py::tuple args) {
+  py::object cls = py::module_::import("fastload.errors").attr(class_name);
+  py::object err = cls(*args);
+  PyErr_SetObject(cls.ptr(), err.ptr());
+}
+
+void register_errors() {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CorruptRecordError& e) {
+      raise_typed("CorruptRecordError", py::make_tuple(e.path(), e.record(), e.reason()));
+    } catch (const ShardNotFoundError& e) {
+      raise_typed("ShardNotFoundError", py::make_tuple(e.path()));
+    } catch (const CorruptShardError& e) {
+      raise_typed("CorruptShardError", py::make_tuple(e.path(), std::string(e.what())));
+    } catch (const FastloadError& e) {
+      raise_typed("FastloadError", py::make_tuple(std::string(e.what())));
+    }
+  });
+}
+
+py::array_t<uint64_t> permutation_slice(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t start, uint64_t count) {
+  if (start > n || count > n - start) throw py::value_error("permutation: [start, start + count) exceeds n");
+  py::array_t<uint64_t> out(static_cast<py::ssize_t>(count));
+  uint64_t* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    const Permutation perm(seed, epoch, n);
+    for (uint64_t i = 0; i < count; ++i) dst[i] = perm(start + i);
+  }
+  return out;
+}
+
+void decode_record(const py::buffer& record, const std::vector<FieldTuple>& fields, const std::vector<py::buffer>& out,
+                   bool verify) {
+  if (out.size() != fields.size()) throw py::value_error("decode_record: one output buffer per field");
+  auto specs = to_specs(fields);
+  py::buffer_info in = record.request();
+  std::vector<py::buffer_info> infos;
+  std::vector<uint8_t*> dest;
+  for (size_t f = 0; f < out.size(); ++f) {
+    infos.push_back(out[f].request(true));
+    if (static_cast<uint64_t>(infos.back().size * infos.back().itemsize) != specs[f].decoded_bytes) {
+      throw py::value_error("decode_record: output buffer " + std::to_string(f) + " has the wrong size");
+    }
+    dest.push_back(static_cast<uint8_t*>(infos.back().ptr));
+  }
+  py::gil_scoped_release release;
+  RecordDecoder decoder(std::move(specs), verify);
+  try {
+    decoder.decode(static_cast<const uint8_t*>(in.ptr), static_cast<size_t>(in.size * in.itemsize), dest.data());
+  } catch (const DecodeError& e) {
+    throw CorruptRecordError("<buffer>", 0, e.what());
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "fastload's native core: LMDB shard reading, record decoding and the batch worker pool.";
+  register_errors();
+
+  m.def(
+      "checksum", [](const py::buffer& b) {
+        py::buffer_info info = b.request();
+        return checksum(info.ptr, static_cast<size_t>(info.size * info.itemsize));
+      },
+      py::arg("data"), "XXH3-64 (seed 0) of a buffer's bytes: the record checksum.");
+  m.def("permutation", &permutation_slice, py::arg("seed"), py::arg("epoch"), py::arg("n"), py::arg("start"),
+        py::arg("count"), "Positions [start, start+count) of the epoch order (docs/ORDER.md, v1).");
+  m.def("mix64", &mix64, py::arg("z"), "SplitMix64's finaliser, as used by the epoch order.");
+  m.def("decode_record", &decode_record, py::arg("record"), py::arg("fields"), py::arg("out"),
+        py::arg("verify") = true, "Decodes one record into one writable buffer per field.");
+  m.attr("RECORD_MAGIC") = kRecordMagic;
+  m.attr("RECORD_VERSION") = kRecordVersion;
+
+  py::class_<ShardSet, std::shared_ptr<ShardSet>>(m, "ShardSet", "The opened LMDB shards of one dataset.")
+      .def(py::init([](const std::vector<std::string>& paths, const std::vector<uint64_t>& counts) {
+             py::gil_scoped_release release;
+             return std::make_shared<ShardSet>(paths, counts);
+           }),
+           py::arg("paths"), py::arg("counts"))
+      .def("__len__", &ShardSet::size)
+      .def_property_readonly("total_records", &ShardSet::total_records);
+
+  py::class_<SlotLease>(m, "SlotLease", "Keeps a batch buffer out of the pool while arrays view it.");
+
+  py::class_<PyBatchReader>(m, "BatchReader", "Worker threads decoding batches into pooled buffers.")
+      .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,
+                    std::vector<std::vector<py::ssize_t>>, size_t, size_t, bool>(),
+           py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("batch_capacity"),
+           py::arg("num_threads"), py::arg("verify") = true)
+      .def_property_readonly("slot_bytes", [](PyBatchReader& r) { return r.reader().slot_bytes(); })
+      .def_property_readonly("num_threads", [](PyBatchReader& r) { return r.reader().num_threads(); })
+      .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })
+      .def_property_readonly("total_slots", [](PyBatchReader& r) { return r.reader().pool()->total_count(); })
+      .def_property_readonly("pending", [](PyBatchReader& r) { return r.reader().pending(); })
+      .def_property_readonly("closed", [](PyBatchReader& r) { return r.reader().closed(); })
+      .def("add_slot", &PyBatchReader::add_slot, py::arg("buffer"))
+      .def("submit", &PyBatchReader::submit, py::arg("indices"))
+      .def("next", &PyBatchReader::next)
+      .def("close", &PyBatchReader::close)
+      .def("stats", [](PyBatchReader& r) { return stats_dict(r.reader().stats()); })
+      .def("reset_stats", [](PyBatchReader& r) { r.reader().reset_stats(); });
+}

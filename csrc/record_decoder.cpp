@@ -1,0 +1,176 @@
+#include "record_decoder.h"
+
+#include <zstd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cstring>
+#include <string>
+
+#include "errors.h"
+
+namespace fastload {
+namespace {
+
+uint16_t load_u16(const uint8_t* p) noexcept {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+
+uint32_t load_u32(const uint8_t* p) noexcept {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+uint64_t load_u64(const uint8_t* p) noexcept {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+std::string field_text(size_t f) { return "field " + std::to_string(f) + ": "; }
+
+}  // namespace
+
+uint64_t checksum(const void* data, size_t size) noexcept { return XXH3_64bits(data, size); }
+
+void unshuffle_bytes(const uint8_t* src, uint8_t* dst, size_t size, size_t itemsize) noexcept {
+  const size_t n = size / itemsize;
+  switch (itemsize) {
+    case 2:
+      for (size_t i = 0; i < n; ++i) {
+        dst[2 * i] = src[i];
+        dst[2 * i + 1] = src[n + i];
+      }
+      return;
+    case 4:
+      for (size_t i = 0; i < n; ++i) {
+        for (size_t b = 0; b < 4; ++b) dst[4 * i + b] = src[b * n + i];
+      }
+      return;
+    default:
+      for (size_t b = 0; b < itemsize; ++b) {
+        const uint8_t* plane = src + b * n;
+        for (size_t i = 0; i < n; ++i) dst[i * itemsize + b] = plane[i];
+      }
+  }
+}
+
+void RecordDecoder::DCtxDeleter::operator()(ZSTD_DCtx_s* ctx) const noexcept { ZSTD_freeDCtx(ctx); }
+
+RecordDecoder::RecordDecoder(std::vector<FieldSpec> fields, bool verify_checksums)
+    : fields_(std::move(fields)), verify_(verify_checksums), dctx_(ZSTD_createDCtx()) {
+  if (!dctx_) throw std::bad_alloc();
+  for (const FieldSpec& f : fields_) {
+    if (f.itemsize == 0 || f.decoded_bytes % f.itemsize != 0) {
+      throw FastloadError("schema: decoded size is not a multiple of the item size");
+    }
+  }
+}
+
+RecordDecoder::~RecordDecoder() = default;
+RecordDecoder::RecordDecoder(RecordDecoder&&) noexcept = default;
+RecordDecoder& RecordDecoder::operator=(RecordDecoder&&) noexcept = default;
+
+void RecordDecoder::decompress(const uint8_t* src, size_t src_size, uint8_t* dst, size_t dst_size) {
+  const unsigned long long content = ZSTD_getFrameContentSize(src, src_size);
+  if (content == ZSTD_CONTENTSIZE_ERROR) throw DecodeError("not a zstd frame");
+  if (content == ZSTD_CONTENTSIZE_UNKNOWN) throw DecodeError("zstd frame without content size");
+  if (content != dst_size) {
+    throw DecodeError("zstd frame holds " + std::to_string(content) + " bytes, expected " +
+                      std::to_string(dst_size));
+  }
+  const size_t frame = ZSTD_findFrameCompressedSize(src, src_size);
+  if (ZSTD_isError(frame)) {
+    throw DecodeError(std::string("zstd frame truncated or malformed (") + ZSTD_getErrorName(frame) + ")");
+  }
+  if (frame != src_size) throw DecodeError("trailing bytes after the zstd frame");
+  const size_t got = ZSTD_decompressDCtx(dctx_.get(), dst, dst_size, src, src_size);
+  if (ZSTD_isError(got)) throw DecodeError(std::string("zstd error: ") + ZSTD_getErrorName(got));
+  if (got != dst_size) throw DecodeError("zstd frame decoded to the wrong size");
+  decompressed_bytes_ += dst_size;
+}
+
+void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* dest) {
+  const size_t nfields = fields_.size();
+  if (size < kRecordHeaderBytes) {
+    throw DecodeError("record of " + std::to_string(size) + " bytes is shorter than its header");
+  }
+  if (load_u32(data) != kRecordMagic) throw DecodeError("bad magic");
+  const uint16_t version = load_u16(data + 4);
+  if (version != kRecordVersion) throw DecodeError("unsupported record version " + std::to_string(version));
+  const uint16_t count = load_u16(data + 6);
+  if (count != nfields) {
+    throw DecodeError("record has " + std::to_string(count) + " fields, schema has " + std::to_string(nfields));
+  }
+  const size_t header = kRecordHeaderBytes + kFieldEntryBytes * nfields;
+  if (size < header) throw DecodeError("record truncated inside its header");
+
+  // First pass: validate every entry and the total length before writing.
+  size_t payload_total = 0;
+  for (size_t f = 0; f < nfields; ++f) {
+    const uint8_t* e = data + kRecordHeaderBytes + kFieldEntryBytes * f;
+    const FieldSpec& spec = fields_[f];
+    if (e[0] != static_cast<uint8_t>(spec.codec)) {
+      throw DecodeError(field_text(f) + "codec " + std::to_string(e[0]) + " differs from the schema's " +
+                        std::to_string(static_cast<int>(spec.codec)));
+    }
+    if (e[1] != 0 || e[2] != 0 || e[3] != 0) throw DecodeError(field_text(f) + "reserved bytes are not zero");
+    const uint64_t enc = load_u32(e + 4);
+    const uint64_t dec = load_u64(e + 8);
+    if (dec != spec.decoded_bytes) {
+      throw DecodeError(field_text(f) + "decoded length " + std::to_string(dec) + " differs from the schema's " +
+                        std::to_string(spec.decoded_bytes));
+    }
+    if (spec.codec == Codec::kRaw && enc != dec) {
+      throw DecodeError(field_text(f) + "raw payload of " + std::to_string(enc) + " bytes, expected " +
+                        std::to_string(dec));
+    }
+    if (enc > size - header - payload_total) {
+      throw DecodeError(field_text(f) + "length " + std::to_string(enc) + " runs past the end of the record");
+    }
+    payload_total += static_cast<size_t>(enc);
+  }
+  if (header + payload_total != size) {
+    throw DecodeError("record has " + std::to_string(size - header - payload_total) + " bytes after its payloads");
+  }
+
+  const uint8_t* payload = data + header;
+  for (size_t f = 0; f < nfields; ++f) {
+    const uint8_t* e = data + kRecordHeaderBytes + kFieldEntryBytes * f;
+    const FieldSpec& spec = fields_[f];
+    const size_t enc = load_u32(e + 4);
+    const size_t dec = static_cast<size_t>(spec.decoded_bytes);
+    try {
+      switch (spec.codec) {
+        case Codec::kRaw:
+          std::memcpy(dest[f], payload, dec);
+          copied_bytes_ += dec;
+          break;
+        case Codec::kZstd:
+          decompress(payload, enc, dest[f], dec);
+          break;
+        case Codec::kZstdShuffle:
+          if (spec.itemsize == 1) {
+            decompress(payload, enc, dest[f], dec);
+          } else {
+            if (scratch_.size() < dec) scratch_.resize(dec);
+            decompress(payload, enc, scratch_.data(), dec);
+            unshuffle_bytes(scratch_.data(), dest[f], dec, spec.itemsize);
+          }
+          break;
+        default:
+          throw DecodeError("unknown codec");
+      }
+    } catch (const DecodeError& err) {
+      throw DecodeError(field_text(f) + err.what());
+    }
+    if (verify_ && checksum(dest[f], dec) != load_u64(e + 16)) {
+      throw DecodeError(field_text(f) + "checksum mismatch");
+    }
+    payload += enc;
+  }
+}
+
+}  // namespace fastload

@@ -1,0 +1,75 @@
+// RecordDecoder: parses and decodes one binary record (docs/FORMAT.md) into
+// caller-owned destination buffers, one per field.
+//
+// Every length in the header is checked against the record's size and the
+// schema before a byte is copied. zstd frames are decompressed straight into
+// the destination (or into a per-decoder scratch buffer when the field is
+// byte-shuffled), and the XXH3-64 of the decoded bytes is verified.
+//
+// Thread safety: one decoder per thread (it owns a zstd context and scratch).
+// Throws DecodeError with a reason; the caller adds the file and record.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+struct ZSTD_DCtx_s;
+
+namespace fastload {
+
+enum class Codec : uint8_t { kRaw = 0, kZstd = 1, kZstdShuffle = 2 };
+
+constexpr uint32_t kRecordMagic = 0x43524C46u;  // bytes "FLRC"
+constexpr uint16_t kRecordVersion = 1;
+constexpr size_t kRecordHeaderBytes = 8;
+constexpr size_t kFieldEntryBytes = 24;
+
+// What the schema says one field of every record holds.
+struct FieldSpec {
+  Codec codec;
+  uint32_t itemsize;        // bytes per element: the shuffle's stride
+  uint64_t decoded_bytes;   // product of the shape times itemsize
+};
+
+// XXH3-64 (seed 0) of a byte range: the record checksum.
+uint64_t checksum(const void* data, size_t size) noexcept;
+
+class RecordDecoder {
+ public:
+  RecordDecoder(std::vector<FieldSpec> fields, bool verify_checksums);
+  ~RecordDecoder();
+  RecordDecoder(const RecordDecoder&) = delete;
+  RecordDecoder& operator=(const RecordDecoder&) = delete;
+  RecordDecoder(RecordDecoder&&) noexcept;
+  RecordDecoder& operator=(RecordDecoder&&) noexcept;
+
+  // Decodes `size` bytes at `data` into dest[f] (decoded_bytes long each).
+  void decode(const uint8_t* data, size_t size, uint8_t* const* dest);
+
+  const std::vector<FieldSpec>& fields() const noexcept { return fields_; }
+
+  // Bytes decompressed (zstd fields) and bytes copied (raw fields) so far.
+  uint64_t decompressed_bytes() const noexcept { return decompressed_bytes_; }
+  uint64_t copied_bytes() const noexcept { return copied_bytes_; }
+
+ private:
+  struct DCtxDeleter {
+    void operator()(ZSTD_DCtx_s* ctx) const noexcept;
+  };
+  void decompress(const uint8_t* src, size_t src_size, uint8_t* dst, size_t dst_size);
+
+  std::vector<FieldSpec> fields_;
+  bool verify_;
+  std::unique_ptr<ZSTD_DCtx_s, DCtxDeleter> dctx_;
+  std::vector<uint8_t> scratch_;
+  uint64_t decompressed_bytes_ = 0;
+  uint64_t copied_bytes_ = 0;
+};
+
+// Reverses the byte shuffle: src holds byte 0 of every element, then byte 1,
+// ...; dst gets the elements back. size must be a multiple of itemsize.
+void unshuffle_bytes(const uint8_t* src, uint8_t* dst, size_t size, size_t itemsize) noexcept;
+
+}  // namespace fastload

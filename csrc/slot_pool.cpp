@@ -1,0 +1,55 @@
+#include "slot_pool.h"
+
+#include <string>
+
+#include "errors.h"
+
+namespace fastload {
+
+void SlotPool::add(uint8_t* data, size_t size, std::shared_ptr<void> owner) {
+  if (size < slot_bytes_) {
+    throw FastloadError("slot of " + std::to_string(size) + " bytes is smaller than the " +
+                        std::to_string(slot_bytes_) + " a batch needs");
+  }
+  auto slot = std::make_unique<Slot>();
+  slot->data = data;
+  slot->size = size;
+  slot->owner = std::move(owner);
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(std::move(slot));
+  ++total_;
+}
+
+std::shared_ptr<Slot> SlotPool::try_acquire() {
+  std::unique_ptr<Slot> slot;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.empty()) return nullptr;
+    slot = std::move(free_.back());
+    free_.pop_back();
+  }
+  std::weak_ptr<SlotPool> pool = weak_from_this();
+  // The shared_ptr takes the slot over from the unique_ptr; its deleter hands
+  // it back to a living pool, or frees it.
+  return std::shared_ptr<Slot>(slot.release(), [pool](Slot* raw) {
+    std::unique_ptr<Slot> owned(raw);
+    if (auto alive = pool.lock()) alive->give_back(std::move(owned));
+  });
+}
+
+void SlotPool::give_back(std::unique_ptr<Slot> slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(std::move(slot));
+}
+
+size_t SlotPool::free_count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return free_.size();
+}
+
+size_t SlotPool::total_count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return total_;
+}
+
+}  // namespace fastload

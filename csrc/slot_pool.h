@@ -1,0 +1,53 @@
+// SlotPool: recycles the batch buffers ("slots") that workers decode into.
+//
+// The pool does not allocate: its owner adds slots (memory plus an owner
+// handle that keeps that memory alive), so the Python side decides where
+// batch memory comes from (plain or page-locked). acquire() hands out a slot
+// as a shared_ptr; when the last copy is dropped (for example when the user
+// drops the last tensor viewing the batch) the slot returns to the pool, or
+// is freed if the pool is gone. A steady loop therefore allocates nothing.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace fastload {
+
+struct Slot {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<void> owner;  // keeps `data` alive
+};
+
+class SlotPool : public std::enable_shared_from_this<SlotPool> {
+ public:
+  explicit SlotPool(size_t slot_bytes) : slot_bytes_(slot_bytes) {}
+
+  size_t slot_bytes() const noexcept { return slot_bytes_; }
+
+  // Adds a slot of at least slot_bytes() bytes at `data`, kept alive by `owner`.
+  // Throws FastloadError when it is too small.
+  void add(uint8_t* data, size_t size, std::shared_ptr<void> owner);
+
+  // A free slot, or nullptr when every slot is in use. The pool must be
+  // owned by a shared_ptr.
+  std::shared_ptr<Slot> try_acquire();
+
+  size_t free_count() const;
+  size_t total_count() const;
+
+ private:
+  void give_back(std::unique_ptr<Slot> slot);
+
+  const size_t slot_bytes_;
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Slot>> free_;
+  size_t total_ = 0;
+};
+
+}  // namespace fastload

@@ -1,0 +1,159 @@
+"""``ShardDataset``: the pure-Python reader of a shard dataset, a map-style torch Dataset.
+
+It is the reference the native reader is tested against and the dataset the
+``backend="torch"`` fallback hands to ``torch.utils.data.DataLoader``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import torch
+
+from ._format import Field, RecordDecodeError, decode_record
+from ._manifest import Manifest, load_manifest
+from ._shard_writer import record_key
+from .errors import CorruptRecordError, CorruptShardError, ShardNotFoundError
+
+
+def open_shard(path: Path, expected_count: int) -> lmdb.Environment:
+    """Open one shard read-only and check it is complete; raise CorruptShardError or ShardNotFoundError."""
+    if not path.is_file():
+        raise ShardNotFoundError(str(path))
+    size = path.stat().st_size
+    try:
+        env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False,
+                        map_size=max(size, 1), max_dbs=0)
+    except lmdb.Error as err:
+        raise CorruptShardError(str(path), f"open: {path}: not a readable LMDB file ({err})") from None
+    info, stat = env.info(), env.stat()
+    needed = (info["last_pgno"] + 1) * stat["psize"]
+    if size < needed:
+        env.close()
+        raise CorruptShardError(str(path), f"open: {path}: truncated: the file has {size} bytes, "
+                                           f"its LMDB pages need {needed}")
+    if stat["entries"] != expected_count:
+        env.close()
+        raise CorruptShardError(str(path), f"open: {path}: holds {stat['entries']} records, "
+                                           f"the manifest says {expected_count}")
+    return env
+
+
+def check_shard_files(directory: Path, manifest: Manifest) -> None:
+    """Check every shard exists with the size the manifest gives, without opening it."""
+    for shard in manifest.shards:
+        path = directory / shard.file
+        if not path.is_file():
+            raise ShardNotFoundError(str(path))
+        size = path.stat().st_size
+        if size != shard.bytes:
+            raise CorruptShardError(str(path), f"open: {path}: {size} bytes, the manifest says {shard.bytes}"
+                                               + (" (truncated)" if size < shard.bytes else ""))
+
+
+def select_fields(schema: Sequence[Field], fields: Sequence[str] | None) -> list[Field]:
+    """Return the schema fields named by ``fields`` (all when None); raise ValueError on an unknown name."""
+    if fields is None:
+        return list(schema)
+    if isinstance(fields, str):
+        fields = [fields]
+    names = [f.name for f in schema]
+    unknown = [n for n in fields if n not in names]
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}; the dataset has {names}")
+    if not fields:
+        raise ValueError("fields must name at least one field")
+    return [f for f in schema if f.name in fields]
+
+
+class ShardDataset(torch.utils.data.Dataset):
+    """A map-style dataset over a shard dataset directory: ``ds[i]`` is a dict of field name to tensor.
+
+    Opens LMDB lazily in each process, so it pickles to ``spawn`` workers and is
+    safe across ``fork``. Scalars come back as 0-d tensors, arrays with the
+    schema's dtype and shape.
+    """
+
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None,
+                 verify_checksums: bool = True) -> None:
+        self.path = Path(path)
+        self.manifest = load_manifest(self.path)
+        check_shard_files(self.path, self.manifest)
+        self.fields = select_fields(self.manifest.fields, fields)
+        self.verify_checksums = verify_checksums
+        self._wanted = [f in self.fields for f in self.manifest.fields]
+        self._starts = [0]
+        for shard in self.manifest.shards:
+            self._starts.append(self._starts[-1] + shard.count)
+        self._envs: dict[int, lmdb.Environment] = {}
+        self._pid = os.getpid()
+
+    @property
+    def schema(self) -> list[Field]:
+        """Return the fields this dataset yields, in schema order."""
+        return list(self.fields)
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Return (shard number, key within the shard) of global sample ``index``."""
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"sample index {index} out of range for {n} samples")
+        shard = bisect.bisect_right(self._starts, index) - 1
+        return shard, index - self._starts[shard]
+
+    def _env(self, shard: int) -> lmdb.Environment:
+        if self._pid != os.getpid():  # forked: the parent's handles are not ours
+            self._envs, self._pid = {}, os.getpid()
+        env = self._envs.get(shard)
+        if env is None:
+            info = self.manifest.shards[shard]
+            env = self._envs[shard] = open_shard(self.path / info.file, info.count)
+        return env
+
+    def read_arrays(self, index: int) -> list[np.ndarray]:
+        """Return the selected fields of sample ``index`` as numpy arrays, in schema order."""
+        shard, key = self.locate(int(index))
+        path = self.path / self.manifest.shards[shard].file
+        with self._env(shard).begin(buffers=True) as txn:
+            raw = txn.get(record_key(key))
+            if raw is None:
+                raise CorruptRecordError(str(path), key, "key not found in the shard")
+            try:
+                arrays = decode_record(raw, self.manifest.fields, self.verify_checksums)
+            except RecordDecodeError as err:
+                raise CorruptRecordError(str(path), key, str(err)) from None
+        return [a for a, wanted in zip(arrays, self._wanted) if wanted]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        arrays = self.read_arrays(index)
+        return {f.name: torch.from_numpy(a) for f, a in zip(self.fields, arrays)}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_envs"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+    def close(self) -> None:
+        """Close the LMDB handles this process opened."""
+        for env in self._envs.values():
+            env.close()
+        self._envs = {}
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in self.fields)
+        return f"ShardDataset({str(self.path)!r}, {len(self)} samples, {fields})"

@@ -1,0 +1,208 @@
+"""Writing one dataset directory: shards in order, a resumable journal, the manifest last."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+from tqdm import tqdm
+
+from ._encode import EncodeSettings, encode_source
+from ._images import ImageReadError
+from ._manifest import MANIFEST_NAME, Manifest, ShardInfo, file_hash, write_json_atomic
+from ._parallel import ordered_map
+from ._shard_writer import write_shard
+from ._sources import Source
+from .errors import DatasetError
+
+PROGRESS_NAME = ".progress.json"
+_DELAY_ENV = "FASTLOAD_TEST_SHARD_DELAY"  # tests: seconds to sleep after each shard
+
+
+class PreprocessError(Exception):
+    """A source image stopped the run; the message names the file."""
+
+
+@dataclass
+class ShardLimits:
+    """When a shard is full: a sample count, a byte size, or both."""
+
+    samples: int | None = None
+    bytes: int | None = None
+
+
+@dataclass
+class WriteJob:
+    """One dataset to write: where, from which sources, with which settings."""
+
+    out_dir: Path
+    settings: EncodeSettings
+    sources: list[Source]
+    tile_counts: list[int]
+    probe_skipped: list[dict]
+    limits: ShardLimits
+    provenance: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WriteResult:
+    """What a write produced, for the summary."""
+
+    manifest: Manifest
+    source_bytes: int
+    decoded_bytes: int
+    resumed_shards: int = 0
+
+
+def _fingerprint(job: WriteJob) -> str:
+    h = xxhash.xxh3_128()
+    h.update(json.dumps(job.provenance.get("options", {}), sort_keys=True).encode())
+    h.update(json.dumps([f.to_json() for f in job.settings.fields], sort_keys=True).encode())
+    for s in job.sources:
+        st = os.stat(os.path.join(job.settings.data_dir, s.relpath))
+        h.update(f"{s.relpath}|{s.label}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+class _Journal:
+    """The progress file of an unfinished dataset: completed shards and where each one ends."""
+
+    def __init__(self, out_dir: Path, fingerprint: str) -> None:
+        self.path = out_dir / PROGRESS_NAME
+        self.fingerprint = fingerprint
+        self.entries: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []
+
+    def record(self, info: ShardInfo, next_source: int, next_tile: int) -> None:
+        self.entries.append({**info.to_json(), "next_source": next_source, "next_tile": next_tile})
+        doc = {"fingerprint": self.fingerprint, "shards": self.entries, "skipped": self.skipped}
+        write_json_atomic(self.path, doc)
+
+    def load_valid_prefix(self) -> None:
+        """Keep the completed shards whose files still match their hashes (in order)."""
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as err:
+            raise DatasetError(f"{self.path}: unreadable progress file ({err}); start again with --overwrite") from None
+        if doc.get("fingerprint") != self.fingerprint:
+            raise DatasetError(f"{self.path.parent}: --resume with other options or changed source files than "
+                               "the interrupted run; start again with --overwrite")
+        out_dir = self.path.parent
+        for entry in doc["shards"]:
+            shard = out_dir / entry["file"]
+            if not shard.is_file() or shard.stat().st_size != entry["bytes"] or file_hash(shard) != entry["hash"]:
+                break
+            self.entries.append(entry)
+        position = self.position()
+        self.skipped = [s for s in doc.get("skipped", []) if s["index"] < position[0]]
+
+    def position(self) -> tuple[int, int]:
+        if not self.entries:
+            return (0, 0)
+        return (self.entries[-1]["next_source"], self.entries[-1]["next_tile"])
+
+    def shards(self) -> list[ShardInfo]:
+        return [ShardInfo(e["file"], e["count"], e["bytes"], e["hash"]) for e in self.entries]
+
+
+def _clean_partial_files(out_dir: Path, keep: set[str]) -> None:
+    for path in out_dir.iterdir():
+        name = path.name
+        ours = name.startswith("shard-") or name.endswith((".build", ".tmp"))
+        if path.is_file() and ours and name not in keep:
+            path.unlink()
+
+
+def _tasks(job: WriteJob, start: tuple[int, int]) -> Iterator[tuple]:
+    for i in range(start[0], len(job.sources)):
+        src = job.sources[i]
+        yield (job.settings, src.relpath, src.label, start[1] if i == start[0] else 0)
+
+
+def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, progress: bool = True) -> WriteResult:
+    """Write ``job.out_dir`` (shards, then the manifest) and return what was written.
+
+    Raises PreprocessError on a bad source image unless ``skip_bad``; the
+    shards completed so far stay on disk with the journal, and no manifest.
+    """
+    out_dir = job.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    journal = _Journal(out_dir, _fingerprint(job))
+    if resume and journal.path.exists():
+        journal.load_valid_prefix()
+    journal.skipped = journal.skipped or []
+    _clean_partial_files(out_dir, {e["file"] for e in journal.entries})
+    start = journal.position()
+    resumed = len(journal.entries)
+    delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
+
+    record_bytes = sum(f.nbytes for f in job.settings.fields)
+    planned = sum(job.tile_counts)
+    done = sum(e["count"] for e in journal.entries)
+    current: list[bytes] = []
+    current_size = 0
+    bar = tqdm(total=planned, initial=done, unit="tile", desc=out_dir.name, disable=not progress or None,
+               dynamic_ncols=True)
+
+    def flush(next_source: int, next_tile: int) -> None:
+        nonlocal current, current_size
+        info = write_shard(out_dir, len(journal.entries), current)
+        journal.record(info, next_source, next_tile)
+        current, current_size = [], 0
+        if delay:
+            time.sleep(delay)
+
+    try:
+        outcomes = ordered_map(encode_source, _tasks(job, start), workers)
+        for offset, (records, error) in enumerate(outcomes):
+            index = start[0] + offset
+            first_tile = start[1] if offset == 0 else 0
+            src = job.sources[index]
+            if error is not None:
+                if not isinstance(error, ImageReadError) or not skip_bad:
+                    raise PreprocessError(str(error)) from error
+                tqdm.write(f"skipping {src.relpath}: {error.reason}")
+                journal.skipped.append({"index": index, "path": src.relpath, "error": error.reason})
+                bar.update(job.tile_counts[index] - first_tile)
+                continue
+            assert records is not None
+            for t, record in enumerate(records, start=first_tile):
+                if job.limits.bytes and current and current_size + len(record) > job.limits.bytes:
+                    flush(index, t)
+                current.append(record)
+                current_size += len(record)
+                if job.limits.samples and len(current) == job.limits.samples:
+                    last = t + 1 == first_tile + len(records)
+                    flush(index + 1 if last else index, 0 if last else t + 1)
+            bar.update(len(records))
+        if current:
+            flush(len(job.sources), 0)
+    finally:
+        bar.close()
+
+    skipped_paths = {s["path"] for s in journal.skipped}
+    sources_doc, first = [], 0
+    for src, tiles in zip(job.sources, job.tile_counts):
+        if src.relpath in skipped_paths:
+            continue
+        sources_doc.append({"path": src.relpath, "first_sample": first, "samples": tiles})
+        first += tiles
+    shards = journal.shards()
+    manifest = Manifest(fields=list(job.settings.fields), shards=shards, provenance=job.provenance,
+                        extra={**job.extra, "sources": sources_doc,
+                               "skipped": job.probe_skipped + [{"path": s["path"], "error": s["error"]}
+                                                               for s in journal.skipped]})
+    if manifest.total != first:
+        raise PreprocessError(f"{out_dir}: wrote {manifest.total} samples but the sources add up to {first}")
+    write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
+    journal.path.unlink(missing_ok=True)
+    used = [src for src in job.sources if src.relpath not in skipped_paths]
+    source_bytes = sum(os.path.getsize(os.path.join(job.settings.data_dir, s.relpath)) for s in used)
+    return WriteResult(manifest, source_bytes, manifest.total * record_bytes, resumed)

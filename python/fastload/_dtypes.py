@@ -1,0 +1,42 @@
+"""The dtypes a field may have, with their little-endian numpy and torch spellings."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Name in the schema -> numpy dtype (always little-endian on disk).
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "uint8": np.dtype("u1"),
+    "int8": np.dtype("i1"),
+    "uint16": np.dtype("<u2"),
+    "int16": np.dtype("<i2"),
+    "int32": np.dtype("<i4"),
+    "int64": np.dtype("<i8"),
+    "float16": np.dtype("<f2"),
+    "float32": np.dtype("<f4"),
+    "float64": np.dtype("<f8"),
+    "bool": np.dtype("?"),
+}
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "uint16": torch.uint16,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bool": torch.bool,
+}
+
+
+def dtype_name(dtype: np.dtype | str) -> str:
+    """Return the schema name of a numpy dtype, or raise ValueError if fields cannot hold it."""
+    dt = np.dtype(dtype)
+    for name, candidate in NUMPY_DTYPES.items():
+        if dt.kind == candidate.kind and dt.itemsize == candidate.itemsize:
+            return name
+    raise ValueError(f"dtype {dt} is not supported; use one of {', '.join(NUMPY_DTYPES)}")

@@ -1,0 +1,231 @@
+"""Shard format v1: the schema and the binary record (see docs/FORMAT.md).
+
+This is the reference implementation in Python: the writer uses it to encode
+records and ``ShardDataset`` to decode them. The native decoder in
+``csrc/record_decoder.cpp`` implements the same checks.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+import zstandard
+
+from ._dtypes import NUMPY_DTYPES
+from .errors import SchemaMismatchError
+
+FORMAT_VERSION = 1
+RECORD_MAGIC = b"FLRC"
+RECORD_VERSION = 1
+CODECS = {"raw": 0, "zstd": 1, "zstd-shuffle": 2}
+DEFAULT_ZSTD_LEVEL = 3
+
+_HEADER = struct.Struct("<4sHH")  # magic, version, field count
+_ENTRY = struct.Struct("<B3xIQQ")  # codec, reserved, encoded length, decoded length, xxh3-64
+
+
+class RecordDecodeError(Exception):
+    """A record's bytes are wrong; the caller adds the shard and key."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One fixed-shape field of every sample: name, dtype, shape and codec."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str = "raw"
+    codec_options: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a field needs a name")
+        if self.dtype not in NUMPY_DTYPES:
+            raise ValueError(f"field {self.name!r}: dtype {self.dtype!r} is not one of {list(NUMPY_DTYPES)}")
+        if self.codec not in CODECS:
+            raise ValueError(f"field {self.name!r}: unknown codec {self.codec!r}; use one of {list(CODECS)}")
+        if any(int(d) < 0 for d in self.shape):
+            raise ValueError(f"field {self.name!r}: negative dimension in shape {self.shape}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """Return the little-endian numpy dtype of the field."""
+        return NUMPY_DTYPES[self.dtype]
+
+    @property
+    def itemsize(self) -> int:
+        """Return the bytes per element."""
+        return self.np_dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Return the decoded bytes of this field in one sample."""
+        return math.prod(self.shape) * self.itemsize
+
+    @property
+    def codec_id(self) -> int:
+        """Return the codec's id in the record header."""
+        return CODECS[self.codec]
+
+    def to_json(self) -> dict:
+        """Return the manifest's JSON form of the field."""
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "codec": self.codec,
+            "codec_options": dict(self.codec_options),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> Field:
+        """Build a field from its manifest JSON form."""
+        return cls(
+            name=str(data["name"]),
+            dtype=str(data["dtype"]),
+            shape=tuple(int(d) for d in data["shape"]),
+            codec=str(data.get("codec", "raw")),
+            codec_options=dict(data.get("codec_options", {})),
+        )
+
+
+def shuffle_bytes(data: np.ndarray, itemsize: int) -> bytes:
+    """Group byte k of every element together (k = 0..itemsize-1): the zstd-shuffle filter."""
+    raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    if itemsize == 1:
+        return raw.tobytes()
+    return raw.reshape(-1, itemsize).T.tobytes()
+
+
+def unshuffle_bytes(data: bytes, itemsize: int) -> np.ndarray:
+    """Invert :func:`shuffle_bytes`; returns a writable uint8 array."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if itemsize == 1:
+        return raw.copy()
+    return np.ascontiguousarray(raw.reshape(itemsize, -1).T).reshape(-1)
+
+
+class RecordEncoder:
+    """Encodes samples of one schema into records. Not thread-safe: one per thread."""
+
+    def __init__(self, fields: Sequence[Field]) -> None:
+        self.fields = list(fields)
+        self._compressors = {
+            f.name: zstandard.ZstdCompressor(level=int(f.codec_options.get("level", DEFAULT_ZSTD_LEVEL)))
+            for f in self.fields
+            if f.codec != "raw"
+        }
+
+    def encode(self, values: Mapping[str, np.ndarray | int | float | bool]) -> bytes:
+        """Return the record for one sample; raise SchemaMismatchError on a wrong shape or dtype."""
+        if set(values) != {f.name for f in self.fields}:
+            raise SchemaMismatchError(
+                f"sample has fields {sorted(values)}, the schema has {[f.name for f in self.fields]}"
+            )
+        entries = [_HEADER.pack(RECORD_MAGIC, RECORD_VERSION, len(self.fields))]
+        payloads = []
+        for f in self.fields:
+            arr = np.asarray(values[f.name])
+            if arr.shape != f.shape:
+                raise SchemaMismatchError(f"field {f.name!r}: shape {arr.shape} differs from the schema's {f.shape}")
+            if arr.dtype != f.np_dtype:
+                if arr.dtype.kind == f.np_dtype.kind and arr.dtype.itemsize == f.itemsize:
+                    arr = arr.astype(f.np_dtype)  # byte order only
+                else:
+                    raise SchemaMismatchError(
+                        f"field {f.name!r}: dtype {arr.dtype} differs from the schema's {f.dtype}"
+                    )
+            arr = np.ascontiguousarray(arr)
+            digest = xxhash.xxh3_64_intdigest(memoryview(arr).cast("B"))
+            if f.codec == "raw":
+                payload = arr.tobytes()
+            elif f.codec == "zstd":
+                payload = self._compressors[f.name].compress(memoryview(arr).cast("B"))
+            else:
+                payload = self._compressors[f.name].compress(shuffle_bytes(arr, f.itemsize))
+            entries.append(_ENTRY.pack(f.codec_id, len(payload), f.nbytes, digest))
+            payloads.append(payload)
+        return b"".join(entries + payloads)
+
+
+def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: bool = True) -> list[np.ndarray]:
+    """Decode one record into one writable array per field (in schema order).
+
+    Raises RecordDecodeError with the reason when any length, codec or checksum is wrong.
+    """
+    size = len(record)
+    if size < _HEADER.size:
+        raise RecordDecodeError(f"record of {size} bytes is shorter than its header")
+    magic, version, count = _HEADER.unpack_from(record, 0)
+    if magic != RECORD_MAGIC:
+        raise RecordDecodeError("bad magic")
+    if version != RECORD_VERSION:
+        raise RecordDecodeError(f"unsupported record version {version}")
+    if count != len(fields):
+        raise RecordDecodeError(f"record has {count} fields, schema has {len(fields)}")
+    header = _HEADER.size + _ENTRY.size * count
+    if size < header:
+        raise RecordDecodeError("record truncated inside its header")
+    entries = [_ENTRY.unpack_from(record, _HEADER.size + _ENTRY.size * i) for i in range(count)]
+    reserved = [bytes(record[_HEADER.size + _ENTRY.size * i + 1 : _HEADER.size + _ENTRY.size * i + 4]) for i in range(count)]
+    total = header
+    for i, (f, (codec, enc, dec, _digest)) in enumerate(zip(fields, entries)):
+        if codec != f.codec_id:
+            raise RecordDecodeError(f"field {i}: codec {codec} differs from the schema's {f.codec_id}")
+        if reserved[i] != b"\0\0\0":
+            raise RecordDecodeError(f"field {i}: reserved bytes are not zero")
+        if dec != f.nbytes:
+            raise RecordDecodeError(f"field {i}: decoded length {dec} differs from the schema's {f.nbytes}")
+        if f.codec == "raw" and enc != dec:
+            raise RecordDecodeError(f"field {i}: raw payload of {enc} bytes, expected {dec}")
+        if enc > size - total:
+            raise RecordDecodeError(f"field {i}: length {enc} runs past the end of the record")
+        total += enc
+    if total != size:
+        raise RecordDecodeError(f"record has {size - total} bytes after its payloads")
+    out = []
+    offset = header
+    view = memoryview(record)
+    for i, (f, (_codec, enc, dec, digest)) in enumerate(zip(fields, entries)):
+        payload = view[offset : offset + enc]
+        offset += enc
+        if f.codec == "raw":
+            data = np.frombuffer(payload, dtype=np.uint8).copy()
+        else:
+            data = _decompress(payload, dec, i)
+            if f.codec == "zstd-shuffle":
+                data = unshuffle_bytes(data.tobytes(), f.itemsize) if f.itemsize > 1 else data
+        if verify and xxhash.xxh3_64_intdigest(memoryview(data)) != digest:
+            raise RecordDecodeError(f"field {i}: checksum mismatch")
+        out.append(data.view(f.np_dtype).reshape(f.shape))
+    return out
+
+
+def _decompress(payload: memoryview, expected: int, index: int) -> np.ndarray:
+    try:
+        content = zstandard.frame_content_size(payload)
+    except zstandard.ZstdError:
+        raise RecordDecodeError(f"field {index}: not a zstd frame") from None
+    if content < 0:
+        raise RecordDecodeError(f"field {index}: zstd frame without content size")
+    if content != expected:
+        raise RecordDecodeError(f"field {index}: zstd frame holds {content} bytes, expected {expected}")
+    try:
+        obj = zstandard.ZstdDecompressor().decompressobj()
+        data = obj.decompress(payload)
+        if not obj.eof:
+            raise RecordDecodeError(f"field {index}: zstd frame truncated")
+        if obj.unused_data:
+            raise RecordDecodeError(f"field {index}: trailing bytes after the zstd frame")
+    except zstandard.ZstdError as err:
+        raise RecordDecodeError(f"field {index}: zstd error: {err}") from None
+    if len(data) != expected:
+        raise RecordDecodeError(f"field {index}: zstd frame decoded to the wrong size")
+    return np.frombuffer(data, dtype=np.uint8).copy()

@@ -1,0 +1,161 @@
+"""Reading source images and rasters (PNG, JPEG, TIFF, NPY) as height x width x channels arrays."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tifffile
+from PIL import Image
+
+IMAGE_SUFFIXES = {".png": "pillow", ".jpg": "pillow", ".jpeg": "pillow", ".tif": "tiff", ".tiff": "tiff", ".npy": "npy"}
+
+# Tiles are cut from rasters far larger than Pillow's decompression-bomb limit.
+Image.MAX_IMAGE_PIXELS = None
+
+# Pillow mode -> (mode to convert to, or None to keep).
+_PILLOW_CONVERT = {"1": "L", "P": None, "PA": "RGBA", "YCbCr": "RGB", "LAB": "RGB", "HSV": "RGB"}
+_CHANNEL_AXES = "SCQIZ"  # tifffile axis codes that can stand for bands
+
+
+class ImageReadError(Exception):
+    """A source file could not be read; carries its path."""
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """Shape (height, width, channels) and dtype of a source image, read from its header."""
+
+    height: int
+    width: int
+    channels: int
+    dtype: str
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """Return (height, width, channels)."""
+        return (self.height, self.width, self.channels)
+
+
+def is_image_file(path: str | os.PathLike) -> bool:
+    """Return whether the file's suffix is one preprocess_tiles reads."""
+    return Path(path).suffix.lower() in IMAGE_SUFFIXES
+
+
+def probe_image(path: str | os.PathLike, npy_layout: str = "hwc") -> ImageInfo:
+    """Read only the header of an image and return its shape and dtype; raise ImageReadError."""
+    try:
+        kind = IMAGE_SUFFIXES[Path(path).suffix.lower()]
+        if kind == "pillow":
+            with Image.open(path) as img:
+                _check_png_depth(path)
+                arr_mode = _pillow_target_mode(img)
+                return _pillow_info(img.size, arr_mode)
+        if kind == "tiff":
+            with tifffile.TiffFile(path) as tif:
+                series = tif.series[0]
+                shape = _tiff_hwc_shape(series.shape, series.axes)
+                return ImageInfo(*shape, dtype=np.dtype(series.dtype).name)
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        return ImageInfo(*_npy_hwc_shape(arr.shape, npy_layout), dtype=arr.dtype.name)
+    except ImageReadError:
+        raise
+    except Exception as err:  # every reader has its own exception types
+        raise ImageReadError(path, f"unreadable image ({type(err).__name__}: {err})") from None
+
+
+def read_image(path: str | os.PathLike, npy_layout: str = "hwc") -> np.ndarray:
+    """Read a whole image as a C-contiguous (height, width, channels) array; raise ImageReadError."""
+    try:
+        kind = IMAGE_SUFFIXES[Path(path).suffix.lower()]
+        if kind == "pillow":
+            _check_png_depth(path)
+            with Image.open(path) as img:
+                img.load()
+                target = _pillow_target_mode(img)
+                if target != img.mode:
+                    img = img.convert(target)
+                arr = np.asarray(img)
+        elif kind == "tiff":
+            with tifffile.TiffFile(path) as tif:
+                series = tif.series[0]
+                arr = _tiff_to_hwc(series.asarray(), series.axes)
+        else:
+            arr = np.load(path, allow_pickle=False)
+            if arr.ndim == 3 and npy_layout == "chw":
+                arr = arr.transpose(1, 2, 0)
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if arr.ndim != 3:
+            raise ImageReadError(path, f"expected a 2-D or 3-D image, got shape {arr.shape}")
+        return np.ascontiguousarray(arr)
+    except ImageReadError:
+        raise
+    except Exception as err:
+        raise ImageReadError(path, f"unreadable image ({type(err).__name__}: {err})") from None
+
+
+def _pillow_target_mode(img: Image.Image) -> str:
+    if img.mode == "P":
+        return "RGBA" if "transparency" in img.info else "RGB"
+    if img.mode.startswith("I;16"):
+        return img.mode
+    return _PILLOW_CONVERT.get(img.mode) or img.mode
+
+
+def _pillow_info(size: tuple[int, int], mode: str) -> ImageInfo:
+    width, height = size
+    if mode.startswith("I;16"):
+        return ImageInfo(height, width, 1, "uint16")
+    channels, dtype = {"L": (1, "uint8"), "LA": (2, "uint8"), "RGB": (3, "uint8"), "RGBA": (4, "uint8"),
+                       "CMYK": (4, "uint8"), "I": (1, "int32"), "F": (1, "float32")}.get(mode, (0, ""))
+    if not channels:
+        raise ValueError(f"unsupported Pillow image mode {mode!r}")
+    return ImageInfo(height, width, channels, dtype)
+
+
+def _check_png_depth(path: str | os.PathLike) -> None:
+    """Refuse 16-bit colour PNGs, which Pillow would silently reduce to 8 bits per channel."""
+    with open(path, "rb") as f:
+        head = f.read(26)
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and len(head) == 26 and head[24] == 16 and head[25] in (2, 4, 6):
+        raise ImageReadError(path, "16-bit colour PNG would lose precision in Pillow; save it as TIFF or NPY")
+
+
+def _tiff_axes_order(shape: tuple[int, ...], axes: str) -> tuple[list[int], int]:
+    if "Y" not in axes or "X" not in axes:
+        raise ValueError(f"TIFF axes {axes!r} lack Y and X")
+    others = [i for i, a in enumerate(axes) if a not in "YX" and shape[i] != 1]
+    if len(others) > 1 or (others and axes[others[0]] not in _CHANNEL_AXES):
+        raise ValueError(f"TIFF with axes {axes!r} and shape {shape} is not a single multi-band image")
+    channel_axis = others[0] if others else -1
+    return others, channel_axis
+
+
+def _tiff_hwc_shape(shape: tuple[int, ...], axes: str) -> tuple[int, int, int]:
+    _, channel_axis = _tiff_axes_order(shape, axes)
+    channels = shape[channel_axis] if channel_axis >= 0 else 1
+    return (shape[axes.index("Y")], shape[axes.index("X")], channels)
+
+
+def _tiff_to_hwc(arr: np.ndarray, axes: str) -> np.ndarray:
+    _, channel_axis = _tiff_axes_order(arr.shape, axes)
+    order = [axes.index("Y"), axes.index("X")] + ([channel_axis] if channel_axis >= 0 else [])
+    singles = [i for i in range(arr.ndim) if i not in order]
+    arr = arr.transpose(order + singles)
+    return arr.reshape(arr.shape[: len(order)])
+
+
+def _npy_hwc_shape(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
+    if len(shape) == 2:
+        return (shape[0], shape[1], 1)
+    if len(shape) == 3:
+        return (shape[1], shape[2], shape[0]) if layout == "chw" else (shape[0], shape[1], shape[2])
+    raise ValueError(f"NPY array of shape {shape}: expected (H, W), (H, W, C) or, with --npy-layout chw, (C, H, W)")
