@@ -28,9 +28,16 @@ struct BatchReader::Job {
   size_t error_position = 0;    // guarded by BatchReader::mutex_
 };
 
-BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<FieldSpec> fields,
-                         size_t batch_capacity, size_t num_threads, bool verify_checksums)
-    : shards_(std::move(shards)), fields_(std::move(fields)), capacity_(batch_capacity), verify_(verify_checksums) {
+BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<FieldSpec> fields, ReaderOptions options)
+    : shards_(std::move(shards)),
+      fields_(std::move(fields)),
+      capacity_(options.batch_capacity),
+      decode_(options.decode_field),
+      delay_us_(options.sample_delay_us),
+      verify_(options.verify_checksums) {
+  const size_t num_threads = options.num_threads;
+  if (decode_.empty()) decode_.assign(fields_.size(), true);
+  if (decode_.size() != fields_.size()) throw FastloadError("BatchReader: one decode flag per field");
   if (!shards_) throw FastloadError("BatchReader: no shards");
   if (capacity_ == 0) throw FastloadError("BatchReader: batch capacity must be positive");
   if (num_threads == 0) throw FastloadError("BatchReader: num_threads must be positive");
@@ -39,7 +46,7 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
       throw FastloadError("BatchReader: unknown codec id " + std::to_string(static_cast<int>(f.codec)));
     }
     offsets_.push_back(slot_bytes_);
-    slot_bytes_ = align_up(slot_bytes_ + capacity_ * static_cast<size_t>(f.decoded_bytes));
+    if (decode_[offsets_.size() - 1]) slot_bytes_ = align_up(slot_bytes_ + capacity_ * static_cast<size_t>(f.decoded_bytes));
   }
   slot_bytes_ = std::max(slot_bytes_, kAlign);
   // Enough chunks per batch that every thread has several to take, few
@@ -170,10 +177,11 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder,
     const auto [shard, key] = shards_->locate(job.indices[i]);
     if (!txns[shard]) txns[shard] = std::make_unique<ShardTxn>(shards_->shard(shard));
     const auto [data, size] = txns[shard]->get(key);
+    if (delay_us_ != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
     read_ns += elapsed_ns(t0);
     bytes_read += size;
     for (size_t f = 0; f < fields_.size(); ++f) {
-      dest[f] = job.slot->data + offsets_[f] + i * static_cast<size_t>(fields_[f].decoded_bytes);
+      dest[f] = decode_[f] ? job.slot->data + offsets_[f] + i * static_cast<size_t>(fields_[f].decoded_bytes) : nullptr;
     }
     t0 = std::chrono::steady_clock::now();
     try {
@@ -184,7 +192,7 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder,
     decode_ns += elapsed_ns(t0);
   }
   uint64_t decoded = 0;
-  for (const FieldSpec& f : fields_) decoded += f.decoded_bytes * (end - begin);
+  for (size_t f = 0; f < fields_.size(); ++f) decoded += decode_[f] ? fields_[f].decoded_bytes * (end - begin) : 0;
   samples_.fetch_add(end - begin, std::memory_order_relaxed);
   bytes_read_.fetch_add(bytes_read, std::memory_order_relaxed);
   bytes_decoded_.fetch_add(decoded, std::memory_order_relaxed);

@@ -46,6 +46,14 @@ struct CompletedBatch {
   size_t count = 0;
 };
 
+struct ReaderOptions {
+  size_t batch_capacity = 1;
+  size_t num_threads = 1;
+  bool verify_checksums = true;
+  std::vector<bool> decode_field;  // per field; empty means every field
+  uint32_t sample_delay_us = 0;    // testing only: slows every LMDB read
+};
+
 struct ReaderStats {
   uint64_t batches = 0;        // delivered to the consumer
   uint64_t samples = 0;        // decoded by workers
@@ -58,14 +66,14 @@ struct ReaderStats {
 
 class BatchReader {
  public:
-  BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<FieldSpec> fields, size_t batch_capacity,
-              size_t num_threads, bool verify_checksums);
+  BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<FieldSpec> fields, ReaderOptions options);
   ~BatchReader();
   BatchReader(const BatchReader&) = delete;
   BatchReader& operator=(const BatchReader&) = delete;
 
   size_t slot_bytes() const noexcept { return slot_bytes_; }
   size_t field_offset(size_t f) const { return offsets_.at(f); }
+  bool decodes_field(size_t f) const { return decode_.at(f); }
   size_t batch_capacity() const noexcept { return capacity_; }
   size_t num_threads() const noexcept { return workers_.size(); }
   const std::shared_ptr<SlotPool>& pool() const noexcept { return pool_; }
@@ -93,7 +101,9 @@ class BatchReader {
   std::shared_ptr<const ShardSet> shards_;
   std::vector<FieldSpec> fields_;
   size_t capacity_;
+  std::vector<bool> decode_;
   std::vector<size_t> offsets_;
+  uint32_t delay_us_ = 0;
   size_t slot_bytes_ = 0;
   size_t chunk_size_ = 1;
   bool verify_;

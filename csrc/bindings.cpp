@@ -65,15 +65,18 @@ struct SlotLease {
 class PyBatchReader {
  public:
   PyBatchReader(std::shared_ptr<const ShardSet> shards, const std::vector<FieldTuple>& fields,
-                std::vector<py::dtype> dtypes, std::vector<std::vector<py::ssize_t>> shapes, size_t batch_capacity,
-                size_t num_threads, bool verify)
+                std::vector<py::dtype> dtypes, std::vector<std::vector<py::ssize_t>> shapes, std::vector<bool> decode,
+                size_t batch_capacity, size_t num_threads, bool verify, uint32_t sample_delay_us)
       : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)) {
-    if (dtypes_.size() != fields.size() || shapes_.size() != fields.size()) {
-      throw py::value_error("fields, dtypes and shapes differ in length");
+    if (dtypes_.size() != fields.size() || shapes_.size() != fields.size() || decode.size() != fields.size()) {
+      throw py::value_error("fields, dtypes, shapes and decode differ in length");
     }
+    if (batch_capacity == 0) throw py::value_error("batch_capacity must be positive");
+    if (num_threads == 0) throw py::value_error("num_threads must be positive");
     auto specs = to_specs(fields);
+    ReaderOptions options{batch_capacity, num_threads, verify, std::move(decode), sample_delay_us};
     py::gil_scoped_release release;
-    reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), batch_capacity, num_threads, verify);
+    reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), std::move(options));
   }
 
   ~PyBatchReader() {
@@ -115,6 +118,7 @@ class PyBatchReader {
     py::object base = py::cast(SlotLease{batch->slot});
     py::list arrays;
     for (size_t f = 0; f < dtypes_.size(); ++f) {
+      if (!r.decodes_field(f)) continue;
       std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(batch->count)};
       shape.insert(shape.end(), shapes_[f].begin(), shapes_[f].end());
       arrays.append(py::array(dtypes_[f], shape, {}, batch->slot->data + r.field_offset(f), base));
@@ -236,9 +240,10 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<PyBatchReader>(m, "BatchReader", "Worker threads decoding batches into pooled buffers.")
       .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,
-                    std::vector<std::vector<py::ssize_t>>, size_t, size_t, bool>(),
-           py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("batch_capacity"),
-           py::arg("num_threads"), py::arg("verify") = true)
+                    std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool, uint32_t>(),
+           py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("decode"),
+           py::arg("batch_capacity"), py::arg("num_threads"), py::arg("verify") = true,
+           py::arg("sample_delay_us") = 0)
       .def_property_readonly("slot_bytes", [](PyBatchReader& r) { return r.reader().slot_bytes(); })
       .def_property_readonly("num_threads", [](PyBatchReader& r) { return r.reader().num_threads(); })
       .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })

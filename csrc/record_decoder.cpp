@@ -142,6 +142,10 @@ void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* des
     const FieldSpec& spec = fields_[f];
     const size_t enc = load_u32(e + 4);
     const size_t dec = static_cast<size_t>(spec.decoded_bytes);
+    if (dest[f] == nullptr) {
+      payload += enc;
+      continue;
+    }
     try {
       switch (spec.codec) {
         case Codec::kRaw:

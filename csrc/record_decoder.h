@@ -46,6 +46,7 @@ class RecordDecoder {
   RecordDecoder& operator=(RecordDecoder&&) noexcept;
 
   // Decodes `size` bytes at `data` into dest[f] (decoded_bytes long each).
+  // A null dest[f] skips that field (validated, not decoded or verified).
   void decode(const uint8_t* data, size_t size, uint8_t* const* dest);
 
   const std::vector<FieldSpec>& fields() const noexcept { return fields_; }

@@ -9,6 +9,8 @@ __version__ = "0.1.0"
 
 from ._dataset import ShardDataset
 from ._format import Field
+from ._loader import ShardLoader
+from ._order import ORDER_VERSION, EpochOrder
 from .errors import (
     CorruptRecordError,
     CorruptShardError,
@@ -23,9 +25,12 @@ __all__ = [
     "CorruptShardError",
     "DatasetError",
     "FastloadError",
+    "EpochOrder",
     "Field",
+    "ORDER_VERSION",
     "SchemaMismatchError",
     "ShardDataset",
+    "ShardLoader",
     "ShardNotFoundError",
     "__version__",
 ]

@@ -1,0 +1,117 @@
+"""The native backend: one epoch of batches from the C++ worker pool, as torch tensors.
+
+Python decides which samples make each batch (policy); ``fastload._native``
+reads, decodes and copies them into pooled batch buffers (bytes). A buffer
+goes back to the pool only when the last tensor viewing it is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._dataset import ShardDataset
+
+try:
+    from . import _native
+except ImportError as _err:  # the torch backend still works
+    _native = None
+    NATIVE_IMPORT_ERROR: ImportError | None = _err
+else:
+    NATIVE_IMPORT_ERROR = None
+
+
+@dataclass(frozen=True)
+class NativeSettings:
+    """How the native backend reads: threads, batches in flight, pinned buffers."""
+
+    num_threads: int
+    prefetch: int
+    pin_memory: bool
+    verify_checksums: bool = True
+    sample_delay_us: int = 0  # testing only
+
+
+def open_shards(dataset: ShardDataset) -> Any:
+    """Open every shard of ``dataset`` in the native core (checks sizes and record counts)."""
+    if _native is None:
+        raise ImportError(f"fastload._native is not available: {NATIVE_IMPORT_ERROR}")
+    paths = [str(dataset.path / s.file) for s in dataset.manifest.shards]
+    return _native.ShardSet(paths, [s.count for s in dataset.manifest.shards])
+
+
+def _new_slot(nbytes: int, pin_memory: bool) -> np.ndarray:
+    if pin_memory:  # page-locked through torch's caching host allocator
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+class NativeEpoch:
+    """Iterates one epoch: submits up to ``prefetch`` batches ahead and yields them in order.
+
+    ``close()`` (also on ``del``, ``break`` and errors) joins every worker thread.
+    """
+
+    def __init__(self, shards: Any, dataset: ShardDataset, batches: list[tuple[int, int]], batch_size: int,
+                 indices: Any, settings: NativeSettings) -> None:
+        assert _native is not None
+        schema = dataset.manifest.fields
+        wanted = {f.name for f in dataset.fields}
+        self._names = [f.name for f in schema if f.name in wanted]
+        self._batches = batches
+        self._indices = indices
+        self._settings = settings
+        self._next_submit = 0
+        self._delivered = 0
+        self._reader = _native.BatchReader(
+            shards, [(f.codec_id, f.itemsize, f.nbytes) for f in schema], [f.np_dtype for f in schema],
+            [list(f.shape) for f in schema], [f.name in wanted for f in schema], batch_size,
+            settings.num_threads, settings.verify_checksums, settings.sample_delay_us)
+
+    def _submit_ahead(self) -> None:
+        reader = self._reader
+        while self._next_submit < len(self._batches) and self._next_submit - self._delivered < self._settings.prefetch:
+            if reader.free_slots == 0:
+                reader.add_slot(_new_slot(reader.slot_bytes, self._settings.pin_memory))
+            start, stop = self._batches[self._next_submit]
+            reader.submit(self._indices(start, stop))
+            self._next_submit += 1
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._reader is None or self._delivered >= len(self._batches):
+            self.close()
+            raise StopIteration
+        try:
+            self._submit_ahead()
+            arrays = self._reader.next()
+            self._delivered += 1
+            self._submit_ahead()
+        except BaseException:
+            self.close()
+            raise
+        return {name: torch.from_numpy(a) for name, a in zip(self._names, arrays)}
+
+    @property
+    def pool_slots(self) -> int:
+        """Return how many batch buffers the pool has allocated so far."""
+        return 0 if self._reader is None else self._reader.total_slots
+
+    def stats(self) -> dict[str, float]:
+        """Return the native reader's counters."""
+        return {} if self._reader is None else self._reader.stats()
+
+    def close(self) -> None:
+        """Stop and join the worker threads; idempotent."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+
+    def __del__(self) -> None:
+        self.close()

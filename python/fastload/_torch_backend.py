@@ -1,0 +1,74 @@
+"""The torch backend: ``torch.utils.data.DataLoader`` over ``ShardDataset`` in the same order."""
+
+from __future__ import annotations
+
+import platform
+import random
+import warnings
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from ._dataset import ShardDataset
+from ._order import EpochOrder, num_batches
+
+
+class OrderBatchSampler(Sampler[list[int]]):
+    """Yields the batches of the fastload epoch order (docs/ORDER.md), as lists of sample indices."""
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool) -> None:
+        self.n, self.batch_size, self.shuffle, self.seed, self.drop_last = n, batch_size, shuffle, seed, drop_last
+        self.epoch = 0
+        self.start_batch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose permutation the next iteration follows."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return num_batches(self.n, self.batch_size, self.drop_last) - self.start_batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = EpochOrder(self.seed, self.epoch, self.n, self.shuffle)
+        for b in range(self.start_batch, num_batches(self.n, self.batch_size, self.drop_last)):
+            start = b * self.batch_size
+            yield order.positions(start, min(start + self.batch_size, self.n)).tolist()
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed ``random`` and ``numpy`` in a DataLoader worker from torch's per-worker seed."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def workers_for_platform(num_workers: int | str) -> int:
+    """Resolve ``num_workers="auto"``: none on Windows and macOS (spawn start-up), else up to 8."""
+    if num_workers != "auto":
+        return int(num_workers)
+    if platform.system() in ("Windows", "Darwin"):
+        warnings.warn(
+            "fastload: backend='torch' loads in-process on Windows and macOS, where DataLoader workers are "
+            "spawned and re-import everything (seconds of start-up per epoch); pass num_workers=N to force them.",
+            RuntimeWarning, stacklevel=4)
+        return 0
+    import os
+
+    return min(os.cpu_count() or 1, 8)
+
+
+def make_dataloader(dataset: ShardDataset, sampler: OrderBatchSampler, num_workers: int, pin_memory: bool,
+                    seed: int, prefetch_factor: int | None, persistent_workers: bool) -> DataLoader:
+    """Return the DataLoader that serves ``backend="torch"``."""
+    kwargs: dict = {}
+    if num_workers > 0:
+        kwargs = {"prefetch_factor": prefetch_factor or 2, "persistent_workers": persistent_workers,
+                  "worker_init_fn": seed_worker}
+        if platform.system() == "Linux":
+            kwargs["multiprocessing_context"] = "fork"
+    generator = torch.Generator()
+    generator.manual_seed(seed & (2**63 - 1))
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
+                      generator=generator, **kwargs)
