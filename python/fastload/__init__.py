@@ -7,6 +7,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from ._array_writer import write_arrays
 from ._dataset import ShardDataset
 from ._format import Field
 from ._loader import ShardLoader
@@ -33,4 +34,5 @@ __all__ = [
     "ShardLoader",
     "ShardNotFoundError",
     "__version__",
+    "write_arrays",
 ]

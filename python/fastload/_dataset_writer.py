@@ -166,7 +166,9 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             first_tile = start[1] if offset == 0 else 0
             src = job.sources[index]
             if error is not None:
-                if not isinstance(error, ImageReadError) or not skip_bad:
+                if not isinstance(error, ImageReadError):
+                    raise PreprocessError(f"{src.relpath}: {type(error).__name__}: {error}") from error
+                if not skip_bad:
                     raise PreprocessError(str(error)) from error
                 tqdm.write(f"skipping {src.relpath}: {error.reason}")
                 journal.skipped.append({"index": index, "path": src.relpath, "error": error.reason})

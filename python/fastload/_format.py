@@ -96,9 +96,11 @@ class Field:
         )
 
 
-def shuffle_bytes(data: np.ndarray, itemsize: int) -> bytes:
-    """Group byte k of every element together (k = 0..itemsize-1): the zstd-shuffle filter."""
-    raw = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+def shuffle_bytes(raw: np.ndarray, itemsize: int) -> bytes:
+    """Group byte k of every element together (k = 0..itemsize-1): the zstd-shuffle filter.
+
+    ``raw`` is the flat uint8 view of the elements.
+    """
     if itemsize == 1:
         return raw.tobytes()
     return raw.reshape(-1, itemsize).T.tobytes()
@@ -109,7 +111,7 @@ def unshuffle_bytes(data: bytes, itemsize: int) -> np.ndarray:
     raw = np.frombuffer(data, dtype=np.uint8)
     if itemsize == 1:
         return raw.copy()
-    return np.ascontiguousarray(raw.reshape(itemsize, -1).T).reshape(-1)
+    return raw.reshape(itemsize, -1).T.copy().reshape(-1)
 
 
 class RecordEncoder:
@@ -142,14 +144,14 @@ class RecordEncoder:
                     raise SchemaMismatchError(
                         f"field {f.name!r}: dtype {arr.dtype} differs from the schema's {f.dtype}"
                     )
-            arr = np.ascontiguousarray(arr)
-            digest = xxhash.xxh3_64_intdigest(memoryview(arr).cast("B"))
+            flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            digest = xxhash.xxh3_64_intdigest(flat)
             if f.codec == "raw":
-                payload = arr.tobytes()
+                payload = flat.tobytes()
             elif f.codec == "zstd":
-                payload = self._compressors[f.name].compress(memoryview(arr).cast("B"))
+                payload = self._compressors[f.name].compress(flat)
             else:
-                payload = self._compressors[f.name].compress(shuffle_bytes(arr, f.itemsize))
+                payload = self._compressors[f.name].compress(shuffle_bytes(flat, f.itemsize))
             entries.append(_ENTRY.pack(f.codec_id, len(payload), f.nbytes, digest))
             payloads.append(payload)
         return b"".join(entries + payloads)

@@ -28,6 +28,9 @@ class ImageReadError(Exception):
         self.path = str(path)
         self.reason = reason
 
+    def __reduce__(self):  # crosses process boundaries from the encoding workers
+        return (type(self), (self.path, self.reason))
+
 
 @dataclass(frozen=True)
 class ImageInfo:

@@ -1,0 +1,64 @@
+"""Shared fixtures: small datasets written by fastload itself, and helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+
+BACKENDS = ["native", "torch"]
+
+
+def smooth_images(n: int, shape: tuple[int, ...], dtype: str = "uint8", seed: int = 0) -> np.ndarray:
+    """Images that compress like real ones: smooth gradients plus a little noise."""
+    rng = np.random.default_rng(seed)
+    grid = np.indices(shape[-2:]).sum(axis=0).astype(np.float64)
+    base = (grid[None] * rng.uniform(0.2, 1.0, size=(n, 1, 1)))[:, None]
+    noise = rng.normal(0, 2, size=(n, *shape))
+    top = np.iinfo(dtype).max if np.dtype(dtype).kind in "iu" else 1.0
+    return np.clip(base + noise, 0, top).astype(dtype)
+
+
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory) -> Path:
+    """103 samples of 3x8x8 uint8 images and int64 labels, zstd, 4 shards of up to 30."""
+    out = tmp_path_factory.mktemp("small") / "ds"
+    images = smooth_images(103, (3, 8, 8))
+    labels = np.arange(103, dtype=np.int64) * 7
+    fastload.write_arrays(out, {"image": images, "label": labels}, codec={"image": "zstd"}, samples_per_shard=30)
+    return out
+
+
+@pytest.fixture(scope="session")
+def empty_dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("empty") / "ds"
+    fastload.write_arrays(out, {"image": np.zeros((0, 3, 4, 4), np.uint8)})
+    return out
+
+
+def batches_equal(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]) for k in x)
+        for x, y in zip(a, b)
+    )
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def run_cli(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a console entry point in a subprocess of this interpreter."""
+    module = {"preprocess_tiles": "fastload.preprocess", "fastload": "fastload.cli"}[args[0]]
+    proc = subprocess.run([sys.executable, "-m", module, *args[1:]], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
