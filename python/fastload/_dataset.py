@@ -12,37 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lmdb
 import numpy as np
 import torch
 
 from ._format import Field, RecordDecodeError, decode_record
 from ._manifest import Manifest, load_manifest
 from ._shard_writer import record_key
+from . import _lmdb_envs
 from .errors import CorruptRecordError, CorruptShardError, ShardNotFoundError
-
-
-def open_shard(path: Path, expected_count: int) -> lmdb.Environment:
-    """Open one shard read-only and check it is complete; raise CorruptShardError or ShardNotFoundError."""
-    if not path.is_file():
-        raise ShardNotFoundError(str(path))
-    size = path.stat().st_size
-    try:
-        env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False,
-                        map_size=max(size, 1), max_dbs=0)
-    except lmdb.Error as err:
-        raise CorruptShardError(str(path), f"open: {path}: not a readable LMDB file ({err})") from None
-    info, stat = env.info(), env.stat()
-    needed = (info["last_pgno"] + 1) * stat["psize"]
-    if size < needed:
-        env.close()
-        raise CorruptShardError(str(path), f"open: {path}: truncated: the file has {size} bytes, "
-                                           f"its LMDB pages need {needed}")
-    if stat["entries"] != expected_count:
-        env.close()
-        raise CorruptShardError(str(path), f"open: {path}: holds {stat['entries']} records, "
-                                           f"the manifest says {expected_count}")
-    return env
 
 
 def check_shard_files(directory: Path, manifest: Manifest) -> None:
@@ -75,8 +52,8 @@ def select_fields(schema: Sequence[Field], fields: Sequence[str] | None) -> list
 class ShardDataset(torch.utils.data.Dataset):
     """A map-style dataset over a shard dataset directory: ``ds[i]`` is a dict of field name to tensor.
 
-    Opens LMDB lazily in each process, so it pickles to ``spawn`` workers and is
-    safe across ``fork``. Scalars come back as 0-d tensors, arrays with the
+    Opens LMDB lazily, so it pickles to ``spawn`` workers (which open their own
+    handles) and works in ``fork`` workers (which use the inherited read-only ones). Scalars come back as 0-d tensors, arrays with the
     schema's dtype and shape.
     """
 
@@ -91,8 +68,7 @@ class ShardDataset(torch.utils.data.Dataset):
         self._starts = [0]
         for shard in self.manifest.shards:
             self._starts.append(self._starts[-1] + shard.count)
-        self._envs: dict[int, lmdb.Environment] = {}
-        self._pid = os.getpid()
+        self._envs: dict[int, Any] = {}
 
     @property
     def schema(self) -> list[Field]:
@@ -112,13 +88,11 @@ class ShardDataset(torch.utils.data.Dataset):
         shard = bisect.bisect_right(self._starts, index) - 1
         return shard, index - self._starts[shard]
 
-    def _env(self, shard: int) -> lmdb.Environment:
-        if self._pid != os.getpid():  # forked: the parent's handles are not ours
-            self._envs, self._pid = {}, os.getpid()
+    def _env(self, shard: int) -> Any:
         env = self._envs.get(shard)
         if env is None:
             info = self.manifest.shards[shard]
-            env = self._envs[shard] = open_shard(self.path / info.file, info.count)
+            env = self._envs[shard] = _lmdb_envs.acquire(self.path / info.file, info.count)
         return env
 
     def read_arrays(self, index: int) -> list[np.ndarray]:
@@ -146,13 +120,16 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._pid = os.getpid()
 
     def close(self) -> None:
         """Close the LMDB handles this process opened."""
-        for env in self._envs.values():
-            env.close()
+        for shard in self._envs:
+            _lmdb_envs.release(self.path / self.manifest.shards[shard].file)
         self._envs = {}
+
+    def __del__(self) -> None:
+        if "_envs" in self.__dict__:
+            self.close()
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in self.fields)

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ._dataset import open_shard
+from . import _lmdb_envs
 from ._format import RecordDecodeError, decode_record
 from ._manifest import file_hash, load_manifest
 from ._shard_writer import record_key
@@ -32,7 +32,7 @@ def find_problems(directory: str | os.PathLike) -> Iterator[str]:
         elif file_hash(path) != shard.hash:
             yield f"{path}: content hash differs from the manifest's"
         try:
-            env = open_shard(path, shard.count)
+            env = _lmdb_envs.acquire(path, shard.count)
         except FastloadError as err:
             yield str(err)
             continue
@@ -48,4 +48,4 @@ def find_problems(directory: str | os.PathLike) -> Iterator[str]:
                     except RecordDecodeError as err:
                         yield f"{path} record {key}: {err}"
         finally:
-            env.close()
+            _lmdb_envs.release(path)
