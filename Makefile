@@ -9,6 +9,8 @@ APT_PACKAGES := liblmdb-dev libzstd-dev libxxhash-dev pkg-config
 SOURCES     := $(shell find csrc python -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.py' -o -name '*.pyi' -o -name 'py.typed' \)) CMakeLists.txt $(wildcard cmake/*.cmake) pyproject.toml
 ASAN_SITE   := build/asan-site
 ASAN_PRELOAD = $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so) $(shell gcc -print-file-name=libstdc++.so)
+ASAN_ENV     = PYTHONPATH=$(ASAN_SITE) LD_PRELOAD="$(ASAN_PRELOAD)" \
+               ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
 .PHONY: install system-deps demo test test-asan test-cpp bench bench-quick lint clean
 
@@ -49,9 +51,8 @@ test-cpp: install
 test-asan: install
 	$(PY) -m pip install -q --no-build-isolation --no-deps --upgrade --target $(ASAN_SITE) \
 	    -C build-dir=build/asan -C cmake.define.FASTLOAD_SANITIZE=ON -C cmake.build-type=Debug .
-	PYTHONPATH=$(ASAN_SITE) LD_PRELOAD="$(ASAN_PRELOAD)" \
-	    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	    $(PY) -m pytest tests -m "not no_asan" -p no:cacheprovider
+	$(ASAN_ENV) $(PY) -c "import fastload._native as n; assert '$(ASAN_SITE)' in n.__file__, n.__file__"
+	$(ASAN_ENV) $(PY) -m pytest tests -m "not no_asan" -p no:cacheprovider
 
 bench: install
 	$(PY) -m pytest benchmarks --benchmark-only --benchmark-json=benchmarks/results/latest.json
