@@ -21,6 +21,7 @@
 
 #include "batch_reader.h"
 #include "errors.h"
+#include "floors.h"
 #include "permutation.h"
 #include "record_decoder.h"
 #include "shard_reader.h"
@@ -207,6 +208,42 @@ void decode_record(const py::buffer& record, const std::vector<FieldTuple>& fiel
   }
 }
 
+void decode_records(const py::buffer& blob, const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& offsets,
+                    const std::vector<FieldTuple>& fields, const std::vector<py::buffer>& out, bool verify) {
+  auto specs = to_specs(fields);
+  if (out.size() != specs.size()) throw py::value_error("decode_records: one output buffer per field");
+  if (offsets.size() < 1) throw py::value_error("decode_records: offsets needs at least one entry");
+  py::buffer_info in = blob.request();
+  const auto blob_size = static_cast<uint64_t>(in.size * in.itemsize);
+  std::vector<uint64_t> bounds(offsets.data(), offsets.data() + offsets.size());
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    if (bounds[i] > blob_size || (i > 0 && bounds[i] < bounds[i - 1])) {
+      throw py::value_error("decode_records: offsets must be non-decreasing and within the blob");
+    }
+  }
+  const uint64_t count = bounds.size() - 1;
+  std::vector<py::buffer_info> infos;
+  std::vector<uint8_t*> dest;
+  for (size_t f = 0; f < out.size(); ++f) {
+    infos.push_back(out[f].request(true));
+    if (static_cast<uint64_t>(infos.back().size * infos.back().itemsize) < count * specs[f].decoded_bytes) {
+      throw py::value_error("decode_records: output buffer " + std::to_string(f) + " is too small");
+    }
+    dest.push_back(static_cast<uint8_t*>(infos.back().ptr));
+  }
+  py::gil_scoped_release release;
+  decode_all(static_cast<const uint8_t*>(in.ptr), bounds, specs, dest, verify);
+}
+
+uint64_t lookup_records(const ShardSet& shards, const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices) {
+  std::vector<uint64_t> copy(indices.data(), indices.data() + indices.size());
+  for (uint64_t index : copy) {
+    if (index >= shards.total_records()) throw py::index_error("lookup_records: index out of range");
+  }
+  py::gil_scoped_release release;
+  return lookup_all(shards, copy);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -224,6 +261,10 @@ PYBIND11_MODULE(_native, m) {
   m.def("mix64", &mix64, py::arg("z"), "SplitMix64's finaliser, as used by the epoch order.");
   m.def("decode_record", &decode_record, py::arg("record"), py::arg("fields"), py::arg("out"),
         py::arg("verify") = true, "Decodes one record into one writable buffer per field.");
+  m.def("decode_records", &decode_records, py::arg("blob"), py::arg("offsets"), py::arg("fields"), py::arg("out"),
+        py::arg("verify") = true, "Decodes records laid end to end in one thread (a benchmark floor).");
+  m.def("lookup_records", &lookup_records, py::arg("shards"), py::arg("indices"),
+        "Looks records up in LMDB in one thread without decoding; returns their total bytes (a floor).");
   m.attr("RECORD_MAGIC") = kRecordMagic;
   m.attr("RECORD_VERSION") = kRecordVersion;
 

@@ -1,0 +1,98 @@
+"""Fixtures of the benchmark suite: the cached datasets and the floors measured in the same run."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from datasets import QUICK, BenchDataset, all_datasets, ensure  # noqa: E402
+
+import fastload  # noqa: E402
+from fastload import _native  # noqa: E402
+from fastload._order import EpochOrder  # noqa: E402
+
+BATCH = 256
+SEED = 0
+DATASETS = all_datasets()
+
+
+def best_of(fn, rounds: int = 3) -> float:
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+class Floors:
+    """The floors of one dataset, in samples/s, measured once per session (best of 3).
+
+    Each ``make_*`` returns a closure doing one floor's work once, so the floor
+    benchmarks time exactly what the rates here were measured on.
+    """
+
+    def __init__(self, ds: BenchDataset, path: Path) -> None:
+        self.ds, self.path = ds, path
+        self.memcpy = ds.count / best_of(self.make_memcpy())
+        self.decode = ds.count / best_of(self.make_decode())
+        self.lookup = ds.count / best_of(self.make_lookup())
+
+    def make_memcpy(self):
+        """numpy copying the bytes one epoch decodes, one thread."""
+        src = np.full(self.ds.count * self.ds.sample_bytes, 7, dtype=np.uint8)
+        dst = np.ones_like(src)
+        return lambda: np.copyto(dst, src)
+
+    def make_decode(self):
+        """The extension's decoder over the epoch's records laid end to end, one thread."""
+        import lmdb
+
+        dataset = fastload.ShardDataset(self.path)
+        records = []
+        for shard in dataset.manifest.shards:
+            env = lmdb.open(str(self.path / shard.file), subdir=False, readonly=True, lock=False)
+            with env.begin() as txn:
+                records.extend(txn.get(k.to_bytes(8, "big")) for k in range(shard.count))
+            env.close()
+        offsets = np.cumsum([0] + [len(r) for r in records], dtype=np.uint64)
+        blob = np.frombuffer(b"".join(records), dtype=np.uint8)
+        fields = dataset.manifest.fields
+        outs = [np.ones(self.ds.count * f.nbytes, np.uint8) for f in fields]
+        spec = [(f.codec_id, f.itemsize, f.nbytes) for f in fields]
+        return lambda: _native.decode_records(blob, offsets, spec, outs)
+
+    def make_lookup(self):
+        """LMDB gets for every sample in the epoch's shuffled order, no decoding."""
+        manifest = fastload.ShardDataset(self.path).manifest
+        shards = _native.ShardSet([str(self.path / s.file) for s in manifest.shards], [s.count for s in manifest.shards])
+        order = EpochOrder(SEED, 0, self.ds.count).positions(0, self.ds.count)
+        return lambda: _native.lookup_records(shards, order)
+
+    def for_codec(self, codec: str) -> float:
+        """The floor a loader is compared with: memcpy for raw data, one-thread decoding otherwise."""
+        return self.memcpy if codec == "raw" else self.decode
+
+
+@pytest.fixture(scope="session")
+def floors():
+    cache: dict[str, Floors] = {}
+
+    def get(ds: BenchDataset) -> Floors:
+        if ds.name not in cache:
+            cache[ds.name] = Floors(ds, ensure(ds))
+        return cache[ds.name]
+
+    return get
+
+
+def rounds(kind: str) -> dict:
+    if QUICK:
+        return {"rounds": 1, "warmup_rounds": 0}
+    return {"rounds": 2, "warmup_rounds": 0} if kind == "spawn" else {"rounds": 5, "warmup_rounds": 1}

@@ -1,0 +1,94 @@
+"""Turn a pytest-benchmark JSON file into a Markdown table and a PNG bar chart.
+
+Usage: ``python benchmarks/report.py benchmarks/results/latest.json`` writes
+``benchmarks/results/latest.md`` and ``benchmarks/results/latest.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(path: Path) -> tuple[dict, dict[str, list[dict]]]:
+    doc = json.loads(path.read_text())
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for bench in doc["benchmarks"]:
+        name = bench["name"].split("[", 1)[1].rstrip("]")
+        config = name[len(bench["group"]) + 1:]
+        groups[bench["group"]].append({"config": config, **bench["extra_info"]})
+    return doc.get("machine_info", {}), groups
+
+
+def best_dataloader(rows: list[dict]) -> float:
+    return max((r["samples_per_s"] for r in rows if r["config"].startswith("dataloader")), default=0.0)
+
+
+def table(machine: dict, groups: dict[str, list[dict]]) -> str:
+    cpu = machine.get("cpu", {}).get("brand_raw", platform.processor() or "unknown CPU")
+    lines = [f"Machine: {cpu}, {machine.get('cpu', {}).get('count', '?')} cores, "
+             f"{machine.get('system', platform.system())} {machine.get('release', '')}; "
+             f"Python {machine.get('python_version', platform.python_version())}.", ""]
+    lines.append("| dataset | configuration | samples/s | MB/s | first batch (ms) | first batch, 1st round (ms) "
+                 "| CPU s | peak RSS MB | peak PSS MB | vs best DataLoader | vs floor |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for group in sorted(groups):
+        rows = sorted(groups[group], key=lambda r: -r["samples_per_s"])
+        best = best_dataloader(rows)
+        for r in rows:
+            floor = r["config"].startswith("floor")
+            versus = "" if floor or not best else "{:.2f}x".format(r["samples_per_s"] / best)
+            cell = lambda key, scale=1.0, fmt="{:,.1f}": fmt.format(r[key] * scale) if key in r else ""  # noqa: E731
+            lines.append(
+                f"| {group} | {r['config']} | {r['samples_per_s']:,.0f} | {r['mb_per_s']:,.0f} "
+                f"| {cell('first_batch_s', 1e3)} | {cell('first_batch_first_round_s', 1e3)} | {cell('cpu_s', 1, '{:.2f}')} "
+                f"| {cell('peak_rss_mb', 1, '{:,.0f}')} | {cell('peak_pss_mb', 1, '{:,.0f}')} "
+                f"| {versus} "
+                f"| {r['ratio_to_floor']:.2f} |")
+    lines += ["", "Floors: memcpy (raw data) and decode-1t (compressed data) are the denominators of "
+              "'vs floor'; lmdb-lookup is shown for reference."]
+    return "\n".join(lines)
+
+
+def chart(groups: dict[str, list[dict]], out: Path) -> None:
+    names = sorted(groups)
+    configs = sorted({r["config"] for g in groups.values() for r in g if not r["config"].startswith("floor")})
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.2 * len(names)), squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        rates = {r["config"]: r["samples_per_s"] for r in groups[name]}
+        shown = [c for c in configs if c in rates]
+        colors = ["tab:blue" if c.startswith("fastload") else "tab:gray" for c in shown]
+        ax.barh(shown, [rates[c] for c in shown], color=colors)
+        ax.set_xscale("log")
+        ax.set_title(name, fontsize=9, loc="left")
+        ax.tick_params(labelsize=7)
+        for floor, style in (("floor-memcpy", "--"), ("floor-decode-1t", ":")):
+            if floor in rates:
+                ax.axvline(rates[floor], color="tab:red", linestyle=style, linewidth=1, label=floor)
+        ax.legend(fontsize=6, loc="lower right")
+    axes[-1, 0].set_xlabel("samples/s (log scale; higher is better)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(argv: list[str]) -> int:
+    src = Path(argv[1]) if len(argv) > 1 else Path(__file__).parent / "results" / "latest.json"
+    machine, groups = load(src)
+    text = table(machine, groups)
+    src.with_suffix(".md").write_text(text + "\n")
+    chart(groups, src.with_suffix(".png"))
+    print(text)
+    print(f"\nwrote {src.with_suffix('.md')} and {src.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

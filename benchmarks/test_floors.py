@@ -1,0 +1,30 @@
+"""Floors for each dataset, measured in the same run as the loaders.
+
+``memcpy``: numpy copying the bytes one epoch decodes, one thread (the bandwidth bound for raw data).
+``decode-1t``: the extension's own record decoder over the same records laid end to end in memory,
+one thread, no Python per record (the bound a single core sets for zstd data).
+``lmdb-lookup``: LMDB ``get`` for every sample in the shuffled order, no decoding.
+
+A loader's ``ratio_to_floor`` is its samples/s over memcpy (raw data) or decode-1t (compressed data).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import DATASETS
+from datasets import QUICK
+
+FLOORS = {"floor-memcpy": "memcpy", "floor-decode-1t": "decode", "floor-lmdb-lookup": "lookup"}
+ROUNDS = {"rounds": 1} if QUICK else {"rounds": 5, "warmup_rounds": 1}
+
+
+@pytest.mark.parametrize("floor_name", list(FLOORS))
+@pytest.mark.parametrize("ds", DATASETS, ids=lambda d: d.name)
+def test_floor(benchmark, floors, ds, floor_name):
+    floor = floors(ds)
+    benchmark.group = ds.name
+    benchmark.pedantic(getattr(floor, "make_" + FLOORS[floor_name])(), **ROUNDS)
+    rate = ds.count / benchmark.stats.stats.min
+    benchmark.extra_info.update({"samples_per_s": rate, "mb_per_s": rate * ds.sample_bytes / 1e6,
+                                 "ratio_to_floor": rate / floor.for_codec(ds.codec)})
+    assert rate > 0
