@@ -30,10 +30,17 @@ def _pss_kb(pid: int) -> int:
 
 
 class MemorySampler:
-    """Samples RSS and PSS of this process and its children every ``interval`` seconds."""
+    """Samples RSS of this process and its children every ``interval`` seconds, PSS less often.
 
-    def __init__(self, interval: float = 0.02) -> None:
+    Reading PSS walks the page tables under the mmap lock, which stalls page
+    faults in the threads being measured, so it is sampled only every
+    ``pss_every`` samples.
+    """
+
+    def __init__(self, interval: float = 0.02, pss_every: int = 10) -> None:
         self.interval = interval
+        self.pss_every = pss_every
+        self._count = 0
         self.peak_rss = 0
         self.peak_pss = 0
         self._stop = threading.Event()
@@ -49,7 +56,9 @@ class MemorySampler:
             except psutil.Error:
                 pass
         self.peak_rss = max(self.peak_rss, rss)
-        self.peak_pss = max(self.peak_pss, sum(_pss_kb(p.pid) for p in procs) * 1024)
+        if self._count % self.pss_every == 0:
+            self.peak_pss = max(self.peak_pss, sum(_pss_kb(p.pid) for p in procs) * 1024)
+        self._count += 1
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -1,0 +1,67 @@
+"""fastload's native core: LMDB shard reading, record decoding and the batch worker pool."""
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+RECORD_MAGIC: int
+RECORD_VERSION: int
+
+FieldTuple = tuple[int, int, int]  # codec id, item size, decoded bytes
+
+def checksum(data: ArrayLike | bytes) -> int:
+    """XXH3-64 (seed 0) of a buffer's bytes: the record checksum."""
+
+def permutation(seed: int, epoch: int, n: int, start: int, count: int) -> NDArray[np.uint64]:
+    """Positions [start, start+count) of the epoch order (docs/ORDER.md, v1)."""
+
+def mix64(z: int) -> int:
+    """SplitMix64's finaliser, as used by the epoch order."""
+
+def decode_record(record: bytes | ArrayLike, fields: Sequence[FieldTuple], out: Sequence[ArrayLike],
+                  verify: bool = True) -> None:
+    """Decodes one record into one writable buffer per field."""
+
+def decode_records(blob: ArrayLike, offsets: ArrayLike, fields: Sequence[FieldTuple], out: Sequence[ArrayLike],
+                   verify: bool = True) -> None:
+    """Decodes records laid end to end in one thread (a benchmark floor)."""
+
+def lookup_records(shards: ShardSet, indices: ArrayLike) -> int:
+    """Looks records up in LMDB in one thread without decoding; returns their total bytes (a floor)."""
+
+class ShardSet:
+    """The opened LMDB shards of one dataset."""
+
+    def __init__(self, paths: Sequence[str], counts: Sequence[int]) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def total_records(self) -> int: ...
+
+class SlotLease:
+    """Keeps a batch buffer out of the pool while arrays view it."""
+
+class BatchReader:
+    """Worker threads decoding batches into pooled buffers."""
+
+    def __init__(self, shards: ShardSet, fields: Sequence[FieldTuple], dtypes: Sequence[np.dtype],
+                 shapes: Sequence[Sequence[int]], decode: Sequence[bool], batch_capacity: int, num_threads: int,
+                 verify: bool = True, sample_delay_us: int = 0) -> None: ...
+    @property
+    def slot_bytes(self) -> int: ...
+    @property
+    def num_threads(self) -> int: ...
+    @property
+    def free_slots(self) -> int: ...
+    @property
+    def total_slots(self) -> int: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def add_slot(self, buffer: ArrayLike) -> None: ...
+    def submit(self, indices: ArrayLike) -> None: ...
+    def next(self) -> list[np.ndarray]: ...
+    def close(self) -> None: ...
+    def stats(self) -> dict[str, float]: ...
+    def reset_stats(self) -> None: ...
