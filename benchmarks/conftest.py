@@ -11,9 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from datasets import QUICK, BenchDataset, all_datasets, ensure  # noqa: E402
-
 import fastload  # noqa: E402
+from datasets import QUICK, BenchDataset, all_datasets, ensure  # noqa: E402
 from fastload import _native  # noqa: E402
 from fastload._order import EpochOrder  # noqa: E402
 
@@ -45,13 +44,13 @@ class Floors:
         self.lookup = ds.count / best_of(self.make_lookup())
 
     def make_memcpy(self):
-        """numpy copying the bytes one epoch decodes, one thread."""
+        """Copy the bytes one epoch decodes with numpy, one thread."""
         src = np.full(self.ds.count * self.ds.sample_bytes, 7, dtype=np.uint8)
         dst = np.ones_like(src)
         return lambda: np.copyto(dst, src)
 
     def make_decode(self):
-        """The extension's decoder over the epoch's records laid end to end, one thread."""
+        """Decode the epoch's records laid end to end with the extension's decoder, one thread."""
         import lmdb
 
         dataset = fastload.ShardDataset(self.path)
@@ -69,14 +68,15 @@ class Floors:
         return lambda: _native.decode_records(blob, offsets, spec, outs)
 
     def make_lookup(self):
-        """LMDB gets for every sample in the epoch's shuffled order, no decoding."""
+        """Look up every sample in LMDB in the epoch's shuffled order, no decoding."""
         manifest = fastload.ShardDataset(self.path).manifest
-        shards = _native.ShardSet([str(self.path / s.file) for s in manifest.shards], [s.count for s in manifest.shards])
+        paths = [str(self.path / s.file) for s in manifest.shards]
+        shards = _native.ShardSet(paths, [s.count for s in manifest.shards])
         order = EpochOrder(SEED, 0, self.ds.count).positions(0, self.ds.count)
         return lambda: _native.lookup_records(shards, order)
 
     def for_codec(self, codec: str) -> float:
-        """The floor a loader is compared with: memcpy for raw data, one-thread decoding otherwise."""
+        """Return the floor a loader is compared with: memcpy for raw data, one-thread decoding otherwise."""
         return self.memcpy if codec == "raw" else self.decode
 
 

@@ -11,9 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import fastload
+import numpy as np
 
 QUICK = os.environ.get("FASTLOAD_BENCH_QUICK", "") not in ("", "0")
 CACHE = Path(__file__).parent / ".cache"

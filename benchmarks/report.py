@@ -32,6 +32,10 @@ def best_dataloader(rows: list[dict]) -> float:
     return max((r["samples_per_s"] for r in rows if r["config"].startswith("dataloader")), default=0.0)
 
 
+def _cell(row: dict, key: str, scale: float = 1.0, fmt: str = "{:,.1f}") -> str:
+    return fmt.format(row[key] * scale) if key in row else ""
+
+
 def table(machine: dict, groups: dict[str, list[dict]]) -> str:
     cpu = machine.get("cpu", {}).get("brand_raw", platform.processor() or "unknown CPU")
     lines = [f"Machine: {cpu}, {machine.get('cpu', {}).get('count', '?')} cores, "
@@ -46,13 +50,11 @@ def table(machine: dict, groups: dict[str, list[dict]]) -> str:
         for r in rows:
             floor = r["config"].startswith("floor")
             versus = "" if floor or not best else "{:.2f}x".format(r["samples_per_s"] / best)
-            cell = lambda key, scale=1.0, fmt="{:,.1f}": fmt.format(r[key] * scale) if key in r else ""  # noqa: E731
-            lines.append(
-                f"| {group} | {r['config']} | {r['samples_per_s']:,.0f} | {r['mb_per_s']:,.0f} "
-                f"| {cell('first_batch_s', 1e3)} | {cell('first_batch_first_round_s', 1e3)} | {cell('cpu_s', 1, '{:.2f}')} "
-                f"| {cell('peak_rss_mb', 1, '{:,.0f}')} | {cell('peak_pss_mb', 1, '{:,.0f}')} "
-                f"| {versus} "
-                f"| {r['ratio_to_floor']:.2f} |")
+            cells = [_cell(r, "first_batch_s", 1e3), _cell(r, "first_batch_first_round_s", 1e3),
+                     _cell(r, "cpu_s", 1, "{:.2f}"), _cell(r, "peak_rss_mb", 1, "{:,.0f}"),
+                     _cell(r, "peak_pss_mb", 1, "{:,.0f}")]
+            lines.append(f"| {group} | {r['config']} | {r['samples_per_s']:,.0f} | {r['mb_per_s']:,.0f} | "
+                         + " | ".join(cells) + f" | {versus} | {r['ratio_to_floor']:.2f} |")
     lines += ["", "Floors: memcpy (raw data) and decode-1t (compressed data) are the denominators of "
               "'vs floor'; lmdb-lookup is shown for reference."]
     return "\n".join(lines)

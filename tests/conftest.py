@@ -7,11 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fastload
 import numpy as np
 import pytest
 import torch
-
-import fastload
 
 BACKENDS = ["native", "torch"]
 

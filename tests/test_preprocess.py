@@ -6,15 +6,14 @@ import sys
 import time
 from pathlib import Path
 
+import fastload
 import numpy as np
 import pytest
 import skimage.data
 import tifffile
 from conftest import run_cli
-from PIL import Image
-
-import fastload
 from fastload._tiling import tile_grid, tile_origins
+from PIL import Image
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _lmdb_envs
 from ._format import Field, RecordDecodeError, decode_record
 from ._manifest import Manifest, load_manifest
 from ._shard_writer import record_key
-from . import _lmdb_envs
 from .errors import CorruptRecordError, CorruptShardError, ShardNotFoundError
 
 
@@ -30,8 +30,8 @@ def check_shard_files(directory: Path, manifest: Manifest) -> None:
             raise ShardNotFoundError(str(path))
         size = path.stat().st_size
         if size != shard.bytes:
-            raise CorruptShardError(str(path), f"open: {path}: {size} bytes, the manifest says {shard.bytes}"
-                                               + (" (truncated)" if size < shard.bytes else ""))
+            hint = " (truncated)" if size < shard.bytes else ""
+            raise CorruptShardError(str(path), f"open: {path}: {size} bytes, the manifest says {shard.bytes}{hint}")
 
 
 def select_fields(schema: Sequence[Field], fields: Sequence[str] | None) -> list[Field]:
@@ -53,8 +53,9 @@ class ShardDataset(torch.utils.data.Dataset):
     """A map-style dataset over a shard dataset directory: ``ds[i]`` is a dict of field name to tensor.
 
     Opens LMDB lazily, so it pickles to ``spawn`` workers (which open their own
-    handles) and works in ``fork`` workers (which use the inherited read-only ones). Scalars come back as 0-d tensors, arrays with the
-    schema's dtype and shape.
+    handles) and works in ``fork`` workers (which use the inherited read-only
+    ones). Scalars come back as 0-d tensors, arrays with the schema's dtype and
+    shape.
     """
 
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,7 +82,7 @@ def encode_source(settings: EncodeSettings, relpath: str, label: int | None, ski
         sample = cut_tile(image, y, x, tile)
         if settings.layout == "chw":
             sample = sample.transpose(2, 0, 1)
-        values: dict[str, np.ndarray | int] = {image_field.name: np.ascontiguousarray(sample)}
+        values: dict[str, Any] = {image_field.name: np.ascontiguousarray(sample)}
         if label is not None:
             values["label"] = np.int64(label)
         records.append(encoder.encode(values))

@@ -145,11 +145,11 @@ class RecordEncoder:
                         f"field {f.name!r}: dtype {arr.dtype} differs from the schema's {f.dtype}"
                     )
             flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            digest = xxhash.xxh3_64_intdigest(flat)
+            digest = xxhash.xxh3_64_intdigest(flat.data)
             if f.codec == "raw":
                 payload = flat.tobytes()
             elif f.codec == "zstd":
-                payload = self._compressors[f.name].compress(flat)
+                payload = self._compressors[f.name].compress(flat.data)
             else:
                 payload = self._compressors[f.name].compress(shuffle_bytes(flat, f.itemsize))
             entries.append(_ENTRY.pack(f.codec_id, len(payload), f.nbytes, digest))
@@ -175,8 +175,9 @@ def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: b
     header = _HEADER.size + _ENTRY.size * count
     if size < header:
         raise RecordDecodeError("record truncated inside its header")
-    entries = [_ENTRY.unpack_from(record, _HEADER.size + _ENTRY.size * i) for i in range(count)]
-    reserved = [bytes(record[_HEADER.size + _ENTRY.size * i + 1 : _HEADER.size + _ENTRY.size * i + 4]) for i in range(count)]
+    starts = [_HEADER.size + _ENTRY.size * i for i in range(count)]
+    entries = [_ENTRY.unpack_from(record, s) for s in starts]
+    reserved = [bytes(record[s + 1 : s + 4]) for s in starts]
     total = header
     for i, (f, (codec, enc, dec, _digest)) in enumerate(zip(fields, entries)):
         if codec != f.codec_id:
@@ -204,7 +205,7 @@ def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: b
             data = _decompress(payload, dec, i)
             if f.codec == "zstd-shuffle":
                 data = unshuffle_bytes(data.tobytes(), f.itemsize) if f.itemsize > 1 else data
-        if verify and xxhash.xxh3_64_intdigest(memoryview(data)) != digest:
+        if verify and xxhash.xxh3_64_intdigest(data.data) != digest:
             raise RecordDecodeError(f"field {i}: checksum mismatch")
         out.append(data.view(f.np_dtype).reshape(f.shape))
     return out

@@ -83,9 +83,7 @@ def read_image(path: str | os.PathLike, npy_layout: str = "hwc") -> np.ndarray:
             with Image.open(path) as img:
                 img.load()
                 target = _pillow_target_mode(img)
-                if target != img.mode:
-                    img = img.convert(target)
-                arr = np.asarray(img)
+                arr = np.asarray(img.convert(target) if target != img.mode else img)
         elif kind == "tiff":
             with tifffile.TiffFile(path) as tif:
                 series = tif.series[0]

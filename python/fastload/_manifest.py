@@ -136,7 +136,8 @@ def load_manifest(directory: str | os.PathLike) -> Manifest:
         fields = [Field.from_json(f) for f in doc["schema"]]
         shards = [ShardInfo(str(s["file"]), int(s["count"]), int(s["bytes"]), str(s["hash"])) for s in doc["shards"]]
         known = {"format", "format_version", "schema", "total", "shards", "provenance"}
-        manifest = Manifest(fields, shards, dict(doc.get("provenance", {})), {k: v for k, v in doc.items() if k not in known})
+        extra = {k: v for k, v in doc.items() if k not in known}
+        manifest = Manifest(fields, shards, dict(doc.get("provenance", {})), extra)
         if int(doc["total"]) != manifest.total:
             raise DatasetError(f"{path}: total {doc['total']} differs from the shards' sum {manifest.total}")
     except DatasetError:

@@ -11,24 +11,24 @@ RECORD_VERSION: int
 FieldTuple = tuple[int, int, int]  # codec id, item size, decoded bytes
 
 def checksum(data: ArrayLike | bytes) -> int:
-    """XXH3-64 (seed 0) of a buffer's bytes: the record checksum."""
+    """Return XXH3-64 (seed 0) of a buffer's bytes: the record checksum."""
 
 def permutation(seed: int, epoch: int, n: int, start: int, count: int) -> NDArray[np.uint64]:
-    """Positions [start, start+count) of the epoch order (docs/ORDER.md, v1)."""
+    """Return the samples at positions [start, start+count) of the epoch order (docs/ORDER.md, v1)."""
 
 def mix64(z: int) -> int:
-    """SplitMix64's finaliser, as used by the epoch order."""
+    """Return SplitMix64's finaliser of z, as used by the epoch order."""
 
 def decode_record(record: bytes | ArrayLike, fields: Sequence[FieldTuple], out: Sequence[ArrayLike],
                   verify: bool = True) -> None:
-    """Decodes one record into one writable buffer per field."""
+    """Decode one record into one writable buffer per field."""
 
 def decode_records(blob: ArrayLike, offsets: ArrayLike, fields: Sequence[FieldTuple], out: Sequence[ArrayLike],
                    verify: bool = True) -> None:
-    """Decodes records laid end to end in one thread (a benchmark floor)."""
+    """Decode records laid end to end in one thread (a benchmark floor)."""
 
 def lookup_records(shards: ShardSet, indices: ArrayLike) -> int:
-    """Looks records up in LMDB in one thread without decoding; returns their total bytes (a floor)."""
+    """Look records up in LMDB in one thread without decoding; return their total bytes (a floor)."""
 
 class ShardSet:
     """The opened LMDB shards of one dataset."""

@@ -16,6 +16,7 @@ import torch
 
 from ._dataset import ShardDataset
 
+_native: Any
 try:
     from . import _native
 except ImportError as _err:  # the torch backend still works
@@ -67,7 +68,7 @@ class NativeEpoch:
         self._settings = settings
         self._next_submit = 0
         self._delivered = 0
-        self._reader = _native.BatchReader(
+        self._reader: Any = _native.BatchReader(
             shards, [(f.codec_id, f.itemsize, f.nbytes) for f in schema], [f.np_dtype for f in schema],
             [list(f.shape) for f in schema], [f.name in wanted for f in schema], batch_size,
             settings.num_threads, settings.verify_checksums, settings.sample_delay_us)

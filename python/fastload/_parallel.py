@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int) -> Iterator[tuple[T | None, BaseException | None]]:
+def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple],
+                workers: int) -> Iterator[tuple[T | None, BaseException | None]]:
     """Yield ``(result, None)`` or ``(None, exception)`` for each argument tuple, in input order.
 
     With ``workers <= 1`` everything runs in this process. Otherwise at most

@@ -30,7 +30,8 @@ def find_images(data_dir: Path) -> tuple[list[str], list[str]]:
         raise SourceError(f"{data_dir}: no such directory")
     if not data_dir.is_dir():
         raise SourceError(f"{data_dir}: not a directory")
-    images, others = [], []
+    images: list[str] = []
+    others: list[str] = []
     for root, dirs, files in os.walk(data_dir):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:

@@ -27,7 +27,8 @@ def tile_origins(length: int, tile: int, stride: int, edge: str) -> list[int]:
     return origins
 
 
-def tile_grid(height: int, width: int, tile: tuple[int, int], stride: tuple[int, int], edge: str) -> list[tuple[int, int]]:
+def tile_grid(height: int, width: int, tile: tuple[int, int], stride: tuple[int, int],
+              edge: str) -> list[tuple[int, int]]:
     """Return the (y, x) origins of every tile of an image, row by row."""
     ys = tile_origins(height, tile[0], stride[0], edge)
     xs = tile_origins(width, tile[1], stride[1], edge)

@@ -1,8 +1,8 @@
-"""``preprocess_tiles``: turn a folder of images or rasters into LMDB shard datasets.
+r"""``preprocess_tiles``: turn a folder of images or rasters into LMDB shard datasets.
 
 Example::
 
-    preprocess_tiles --data-dir scenes/ --output-dir shards/ --tile-size 256 --stride 256 \\
+    preprocess_tiles --data-dir scenes/ --output-dir shards/ --tile-size 256 --stride 256 \
         --codec zstd --val-fraction 0.1 --seed 0 --workers 4
 """
 
