@@ -84,6 +84,16 @@ bool BatchReader::closed() const {
   return stop_;
 }
 
+size_t BatchReader::ready() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t count = 0;
+  for (const auto& job : inflight_) {
+    if (job->chunks_left != 0) break;
+    ++count;
+  }
+  return count;
+}
+
 size_t BatchReader::pending() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return inflight_.size();
@@ -172,6 +182,7 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder,
   const size_t end = std::min(begin + chunk_size_, job.indices.size());
   std::vector<uint8_t*> dest(fields_.size());
   uint64_t read_ns = 0, decode_ns = 0, bytes_read = 0;
+  const uint64_t decompress_before = decoder.decompress_ns();
   for (size_t i = begin; i < end; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     const auto [shard, key] = shards_->locate(job.indices[i]);
@@ -198,6 +209,7 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder,
   bytes_decoded_.fetch_add(decoded, std::memory_order_relaxed);
   read_ns_.fetch_add(read_ns, std::memory_order_relaxed);
   decode_ns_.fetch_add(decode_ns, std::memory_order_relaxed);
+  decompress_ns_.fetch_add(decoder.decompress_ns() - decompress_before, std::memory_order_relaxed);
 }
 
 ReaderStats BatchReader::stats() const {
@@ -208,12 +220,14 @@ ReaderStats BatchReader::stats() const {
   s.bytes_decoded = bytes_decoded_.load();
   s.read_ns = read_ns_.load();
   s.decode_ns = decode_ns_.load();
+  s.decompress_ns = decompress_ns_.load();
   s.wait_ns = wait_ns_.load();
   return s;
 }
 
 void BatchReader::reset_stats() {
-  for (auto* c : {&batches_, &samples_, &bytes_read_, &bytes_decoded_, &read_ns_, &decode_ns_, &wait_ns_}) {
+  for (auto* c : {&batches_, &samples_, &bytes_read_, &bytes_decoded_, &read_ns_, &decode_ns_, &decompress_ns_,
+                  &wait_ns_}) {
     c->store(0);
   }
 }

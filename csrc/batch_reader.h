@@ -61,6 +61,7 @@ struct ReaderStats {
   uint64_t bytes_decoded = 0;  // bytes written into batch buffers
   uint64_t read_ns = 0;        // in LMDB lookups, summed over workers
   uint64_t decode_ns = 0;      // in decompress/copy/verify, summed over workers
+  uint64_t decompress_ns = 0;  // the part of decode_ns spent inside zstd
   uint64_t wait_ns = 0;        // the consumer blocked in wait_next
 };
 
@@ -88,6 +89,8 @@ class BatchReader {
   std::optional<CompletedBatch> wait_next(std::chrono::milliseconds timeout);
 
   size_t pending() const;
+  // Batches decoded and waiting for the consumer (in order from the oldest).
+  size_t ready() const;
   void close() noexcept;
   bool closed() const;
   ReaderStats stats() const;
@@ -118,7 +121,7 @@ class BatchReader {
   std::vector<std::thread> workers_;
 
   std::atomic<uint64_t> batches_{0}, samples_{0}, bytes_read_{0}, bytes_decoded_{0};
-  std::atomic<uint64_t> read_ns_{0}, decode_ns_{0}, wait_ns_{0};
+  std::atomic<uint64_t> read_ns_{0}, decode_ns_{0}, decompress_ns_{0}, wait_ns_{0};
 };
 
 }  // namespace fastload

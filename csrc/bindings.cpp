@@ -12,6 +12,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -146,7 +147,8 @@ py::dict stats_dict(const ReaderStats& s) {
   d["bytes_read"] = s.bytes_read;
   d["bytes_decoded"] = s.bytes_decoded;
   d["read_s"] = static_cast<double>(s.read_ns) * 1e-9;
-  d["decode_s"] = static_cast<double>(s.decode_ns) * 1e-9;
+  d["decompress_s"] = static_cast<double>(s.decompress_ns) * 1e-9;
+  d["copy_s"] = static_cast<double>(s.decode_ns - std::min(s.decode_ns, s.decompress_ns)) * 1e-9;
   d["wait_s"] = static_cast<double>(s.wait_ns) * 1e-9;
   return d;
 }
@@ -171,6 +173,23 @@ void register_errors() {
       raise_typed("FastloadError", py::make_tuple(std::string(e.what())));
     }
   });
+}
+
+py::array_t<uint64_t> permutation_at(uint64_t seed, uint64_t epoch, uint64_t n,
+                                     const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& positions) {
+  const uint64_t* src = positions.data();
+  const auto count = static_cast<size_t>(positions.size());
+  for (size_t i = 0; i < count; ++i) {
+    if (src[i] >= n) throw py::value_error("permutation_at: position " + std::to_string(src[i]) + " >= n");
+  }
+  py::array_t<uint64_t> out(static_cast<py::ssize_t>(count));
+  uint64_t* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    const Permutation perm(seed, epoch, n);
+    for (size_t i = 0; i < count; ++i) dst[i] = perm(src[i]);
+  }
+  return out;
 }
 
 py::array_t<uint64_t> permutation_slice(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t start, uint64_t count) {
@@ -258,6 +277,8 @@ PYBIND11_MODULE(_native, m) {
       py::arg("data"), "XXH3-64 (seed 0) of a buffer's bytes: the record checksum.");
   m.def("permutation", &permutation_slice, py::arg("seed"), py::arg("epoch"), py::arg("n"), py::arg("start"),
         py::arg("count"), "Positions [start, start+count) of the epoch order (docs/ORDER.md, v1).");
+  m.def("permutation_at", &permutation_at, py::arg("seed"), py::arg("epoch"), py::arg("n"), py::arg("positions"),
+        "The samples at the given positions of the epoch order (docs/ORDER.md, v1).");
   m.def("mix64", &mix64, py::arg("z"), "SplitMix64's finaliser, as used by the epoch order.");
   m.def("decode_record", &decode_record, py::arg("record"), py::arg("fields"), py::arg("out"),
         py::arg("verify") = true, "Decodes one record into one writable buffer per field.");
@@ -290,6 +311,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })
       .def_property_readonly("total_slots", [](PyBatchReader& r) { return r.reader().pool()->total_count(); })
       .def_property_readonly("pending", [](PyBatchReader& r) { return r.reader().pending(); })
+      .def_property_readonly("ready", [](PyBatchReader& r) { return r.reader().ready(); })
       .def_property_readonly("closed", [](PyBatchReader& r) { return r.reader().closed(); })
       .def("add_slot", &PyBatchReader::add_slot, py::arg("buffer"))
       .def("submit", &PyBatchReader::submit, py::arg("indices"))

@@ -5,6 +5,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -86,7 +87,10 @@ void RecordDecoder::decompress(const uint8_t* src, size_t src_size, uint8_t* dst
     throw DecodeError(std::string("zstd frame truncated or malformed (") + ZSTD_getErrorName(frame) + ")");
   }
   if (frame != src_size) throw DecodeError("trailing bytes after the zstd frame");
+  const auto start = std::chrono::steady_clock::now();
   const size_t got = ZSTD_decompressDCtx(dctx_.get(), dst, dst_size, src, src_size);
+  decompress_ns_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   if (ZSTD_isError(got)) throw DecodeError(std::string("zstd error: ") + ZSTD_getErrorName(got));
   if (got != dst_size) throw DecodeError("zstd frame decoded to the wrong size");
   decompressed_bytes_ += dst_size;

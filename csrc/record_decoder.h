@@ -54,6 +54,8 @@ class RecordDecoder {
   // Bytes decompressed (zstd fields) and bytes copied (raw fields) so far.
   uint64_t decompressed_bytes() const noexcept { return decompressed_bytes_; }
   uint64_t copied_bytes() const noexcept { return copied_bytes_; }
+  // Nanoseconds spent inside zstd so far (the rest of decode() is copy and verify).
+  uint64_t decompress_ns() const noexcept { return decompress_ns_; }
 
  private:
   struct DCtxDeleter {
@@ -67,6 +69,7 @@ class RecordDecoder {
   std::vector<uint8_t> scratch_;
   uint64_t decompressed_bytes_ = 0;
   uint64_t copied_bytes_ = 0;
+  uint64_t decompress_ns_ = 0;
 };
 
 // Reverses the byte shuffle: src holds byte 0 of every element, then byte 1,

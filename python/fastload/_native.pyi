@@ -16,6 +16,9 @@ def checksum(data: ArrayLike | bytes) -> int:
 def permutation(seed: int, epoch: int, n: int, start: int, count: int) -> NDArray[np.uint64]:
     """Return the samples at positions [start, start+count) of the epoch order (docs/ORDER.md, v1)."""
 
+def permutation_at(seed: int, epoch: int, n: int, positions: ArrayLike) -> NDArray[np.uint64]:
+    """Return the samples at the given positions of the epoch order (docs/ORDER.md, v1)."""
+
 def mix64(z: int) -> int:
     """Return SplitMix64's finaliser of z, as used by the epoch order."""
 
@@ -57,6 +60,8 @@ class BatchReader:
     def total_slots(self) -> int: ...
     @property
     def pending(self) -> int: ...
+    @property
+    def ready(self) -> int: ...
     @property
     def closed(self) -> bool: ...
     def add_slot(self, buffer: ArrayLike) -> None: ...

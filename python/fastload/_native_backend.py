@@ -7,7 +7,8 @@ goes back to the pool only when the last tensor viewing it is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,14 +58,16 @@ class NativeEpoch:
     ``close()`` (also on ``del``, ``break`` and errors) joins every worker thread.
     """
 
-    def __init__(self, shards: Any, dataset: ShardDataset, batches: list[tuple[int, int]], batch_size: int,
-                 indices: Any, settings: NativeSettings) -> None:
+    def __init__(self, shards: Any, dataset: ShardDataset, num_batches: int, batch_size: int,
+                 batch_indices: Callable[[int], np.ndarray], settings: NativeSettings) -> None:
         assert _native is not None
         schema = dataset.manifest.fields
         wanted = {f.name for f in dataset.fields}
         self._names = [f.name for f in schema if f.name in wanted]
-        self._batches = batches
-        self._indices = indices
+        self._num_batches = num_batches
+        self._batch_indices = batch_indices
+        self._started = time.perf_counter()
+        self._final_stats: dict[str, Any] | None = None
         self._settings = settings
         self._next_submit = 0
         self._delivered = 0
@@ -75,18 +78,17 @@ class NativeEpoch:
 
     def _submit_ahead(self) -> None:
         reader = self._reader
-        while self._next_submit < len(self._batches) and self._next_submit - self._delivered < self._settings.prefetch:
+        while self._next_submit < self._num_batches and self._next_submit - self._delivered < self._settings.prefetch:
             if reader.free_slots == 0:
                 reader.add_slot(_new_slot(reader.slot_bytes, self._settings.pin_memory))
-            start, stop = self._batches[self._next_submit]
-            reader.submit(self._indices(start, stop))
+            reader.submit(self._batch_indices(self._next_submit))
             self._next_submit += 1
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        if self._reader is None or self._delivered >= len(self._batches):
+        if self._reader is None or self._delivered >= self._num_batches:
             self.close()
             raise StopIteration
         try:
@@ -104,12 +106,21 @@ class NativeEpoch:
         """Return how many batch buffers the pool has allocated so far."""
         return 0 if self._reader is None else self._reader.total_slots
 
-    def stats(self) -> dict[str, float]:
-        """Return the native reader's counters."""
-        return {} if self._reader is None else self._reader.stats()
+    def stats(self) -> dict[str, Any]:
+        """Return the native reader's counters, plus wall time and batches ready, for this epoch."""
+        if self._reader is None:
+            return dict(self._final_stats or {})
+        stats = self._reader.stats()
+        stats["wall_s"] = time.perf_counter() - self._started
+        stats["ready_batches"] = self._reader.ready
+        stats["num_threads"] = self._reader.num_threads
+        return stats
 
     def close(self) -> None:
-        """Stop and join the worker threads; idempotent."""
+        """Stop and join the worker threads; idempotent. The epoch's stats stay readable."""
+        if self._reader is not None:
+            self._final_stats = self.stats()
+            self._final_stats["ready_batches"] = 0
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.close()

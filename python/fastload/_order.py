@@ -61,7 +61,13 @@ class EpochOrder:
         """Return the sample indices at positions [start, stop) as a uint64 array."""
         if not 0 <= start <= stop <= self.n:
             raise ValueError(f"positions [{start}, {stop}) outside [0, {self.n})")
-        pos = np.arange(start, stop, dtype=np.uint64)
+        return self.at(np.arange(start, stop, dtype=np.uint64))
+
+    def at(self, pos: np.ndarray) -> np.ndarray:
+        """Return the sample indices at the given positions (each < n) as a uint64 array."""
+        pos = np.asarray(pos, dtype=np.uint64)
+        if pos.size and int(pos.max()) >= self.n:
+            raise ValueError(f"position {int(pos.max())} outside [0, {self.n})")
         if not self.shuffle:
             return pos
         out = self._encrypt(pos)

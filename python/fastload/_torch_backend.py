@@ -12,29 +12,30 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from ._dataset import ShardDataset
-from ._order import EpochOrder, num_batches
+from ._order import EpochOrder
+from ._plan import EpochPlan
 
 
 class OrderBatchSampler(Sampler[list[int]]):
-    """Yields the batches of the fastload epoch order (docs/ORDER.md), as lists of sample indices."""
+    """Yields one rank's batches of an epoch (docs/ORDER.md, ``_plan.py``) as lists of sample indices.
 
-    def __init__(self, n: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool) -> None:
-        self.n, self.batch_size, self.shuffle, self.seed, self.drop_last = n, batch_size, shuffle, seed, drop_last
-        self.epoch = 0
-        self.start_batch = 0
+    ``configure(order, plan)`` selects the epoch before each iteration.
+    """
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose permutation the next iteration follows."""
-        self.epoch = epoch
+    def __init__(self, order: EpochOrder, plan: EpochPlan) -> None:
+        self.configure(order, plan)
+
+    def configure(self, order: EpochOrder, plan: EpochPlan) -> None:
+        """Select the epoch order and this rank's plan for the next iteration."""
+        self.order, self.plan = order, plan
 
     def __len__(self) -> int:
-        return num_batches(self.n, self.batch_size, self.drop_last) - self.start_batch
+        return len(self.plan)
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = EpochOrder(self.seed, self.epoch, self.n, self.shuffle)
-        for b in range(self.start_batch, num_batches(self.n, self.batch_size, self.drop_last)):
-            start = b * self.batch_size
-            yield order.positions(start, min(start + self.batch_size, self.n)).tolist()
+        order, plan = self.order, self.plan
+        for b in range(len(plan)):
+            yield order.at(plan.batch_positions(b)).tolist()
 
 
 def seed_worker(worker_id: int) -> None:

@@ -1,0 +1,44 @@
+"""The loader's resumable state: small JSON-able data, validated against the loader on load."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._format import FORMAT_VERSION
+from ._order import ORDER_VERSION
+from .errors import FastloadError
+
+STATE_VERSION = 1
+
+
+class StateError(FastloadError, ValueError):
+    """A saved state does not fit this loader: another dataset, order or version."""
+
+
+def make_state(*, fingerprint: str, n: int, seed: int, shuffle: bool, epoch: int, position: int,
+               batch_size: int, world_size: int) -> dict[str, Any]:
+    """Return the state dict of a loader at global ``position`` of ``epoch``."""
+    return {"state_version": STATE_VERSION, "format_version": FORMAT_VERSION, "order_version": ORDER_VERSION,
+            "dataset_fingerprint": fingerprint, "num_samples": n, "seed": seed, "shuffle": shuffle,
+            "epoch": epoch, "position": position, "batch_size": batch_size, "world_size": world_size}
+
+
+def check_state(state: Mapping[str, Any], *, fingerprint: str, n: int, seed: int, shuffle: bool) -> tuple[int, int]:
+    """Validate a saved state against the loader; return its (epoch, position)."""
+    if not isinstance(state, Mapping):
+        raise StateError(f"a loader state is a dict, not {type(state).__name__}")
+    for key, expected in (("state_version", STATE_VERSION), ("format_version", FORMAT_VERSION),
+                          ("order_version", ORDER_VERSION)):
+        if state.get(key) != expected:
+            raise StateError(f"state has {key} {state.get(key)!r}, this fastload uses {expected}")
+    if state.get("dataset_fingerprint") != fingerprint or state.get("num_samples") != n:
+        raise StateError(f"state was saved for another dataset (fingerprint {state.get('dataset_fingerprint')!r}, "
+                         f"{state.get('num_samples')} samples; this one is {fingerprint!r}, {n} samples)")
+    for key, value in (("seed", seed), ("shuffle", shuffle)):
+        if state.get(key) != value:
+            raise StateError(f"state was saved with {key}={state.get(key)!r}, this loader has {key}={value!r}")
+    epoch, position = state.get("epoch"), state.get("position")
+    if not isinstance(epoch, int) or epoch < 0 or not isinstance(position, int) or not 0 <= position <= n:
+        raise StateError(f"state has an invalid epoch {epoch!r} or position {position!r}")
+    return epoch, position
