@@ -11,8 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import fastload  # noqa: E402
 from datasets import QUICK, BenchDataset, all_datasets, ensure  # noqa: E402
+
+import fastload  # noqa: E402
 from fastload import _native  # noqa: E402
 from fastload._order import EpochOrder  # noqa: E402
 

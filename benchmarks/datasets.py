@@ -11,8 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import fastload
 import numpy as np
+
+import fastload
 
 QUICK = os.environ.get("FASTLOAD_BENCH_QUICK", "") not in ("", "0")
 CACHE = Path(__file__).parent / ".cache"

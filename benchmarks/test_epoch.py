@@ -23,8 +23,9 @@ import pytest
 import torch
 from conftest import BATCH, DATASETS, SEED, rounds
 from datasets import ensure
-from fastload import ShardDataset, ShardLoader
 from measure import EpochResult, MemorySampler, extra_info, run_epoch
+
+from fastload import ShardDataset, ShardLoader
 
 
 def native(path, threads):

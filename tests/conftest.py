@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import fastload
 import numpy as np
 import pytest
 import torch
+
+import fastload
 
 BACKENDS = ["native", "torch"]
 

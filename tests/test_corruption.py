@@ -2,11 +2,12 @@ import json
 import os
 from pathlib import Path
 
-import fastload
 import lmdb
 import numpy as np
 import pytest
 from conftest import run_cli
+
+import fastload
 from fastload import _native
 from fastload.errors import CorruptRecordError, CorruptShardError, DatasetError, ShardNotFoundError
 

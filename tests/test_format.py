@@ -1,15 +1,16 @@
 import struct
 
-import fastload
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fastload
 from fastload import _native
 from fastload._dtypes import NUMPY_DTYPES
 from fastload._format import Field, RecordDecodeError, RecordEncoder, decode_record
 from fastload.errors import CorruptRecordError, SchemaMismatchError
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 CODECS = ["raw", "zstd", "zstd-shuffle"]
 

@@ -8,6 +8,7 @@ import time
 import psutil
 import pytest
 from conftest import thread_count
+
 from fastload import ShardLoader
 from fastload._native_backend import NativeEpoch
 

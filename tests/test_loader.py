@@ -1,8 +1,9 @@
-import fastload
 import numpy as np
 import pytest
 import torch
 from conftest import BACKENDS, batches_equal
+
+import fastload
 from fastload import ShardLoader
 
 

@@ -3,10 +3,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fastload import _native
-from fastload._order import ORDER_VERSION, EpochOrder, mix64, num_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from fastload import _native
+from fastload._order import ORDER_VERSION, EpochOrder, mix64, num_batches
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "order_vectors.json").read_text())
 

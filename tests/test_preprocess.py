@@ -6,14 +6,15 @@ import sys
 import time
 from pathlib import Path
 
-import fastload
 import numpy as np
 import pytest
 import skimage.data
 import tifffile
 from conftest import run_cli
-from fastload._tiling import tile_grid, tile_origins
 from PIL import Image
+
+import fastload
+from fastload._tiling import tile_grid, tile_origins
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
