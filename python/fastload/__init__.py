@@ -10,8 +10,10 @@ __version__ = "0.1.0"
 from ._array_writer import write_arrays
 from ._dataset import ShardDataset
 from ._format import Field
+from ._helpers import EpochDataLoader, check_determinism, create_dataloader, seed_everything
 from ._loader import ShardLoader
 from ._order import ORDER_VERSION, EpochOrder
+from ._state import StateError
 from .errors import (
     CorruptRecordError,
     CorruptShardError,
@@ -26,6 +28,7 @@ __all__ = [
     "CorruptShardError",
     "DatasetError",
     "FastloadError",
+    "EpochDataLoader",
     "EpochOrder",
     "Field",
     "ORDER_VERSION",
@@ -33,6 +36,10 @@ __all__ = [
     "ShardDataset",
     "ShardLoader",
     "ShardNotFoundError",
+    "StateError",
     "__version__",
+    "check_determinism",
+    "create_dataloader",
+    "seed_everything",
     "write_arrays",
 ]

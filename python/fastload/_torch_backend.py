@@ -39,7 +39,7 @@ class OrderBatchSampler(Sampler[list[int]]):
 
 
 def seed_worker(worker_id: int) -> None:
-    """Seed ``random`` and ``numpy`` in a DataLoader worker from torch's per-worker seed."""
+    """``worker_init_fn``: seed ``random`` and ``numpy`` from the worker's torch seed (base seed + worker id)."""
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)

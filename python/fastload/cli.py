@@ -1,10 +1,11 @@
-"""The ``fastload`` command: ``fastload verify DIR``, ``fastload info [DIR]``."""
+"""The ``fastload`` command: ``fastload verify DIR``, ``fastload info [DIR]``, ``fastload bench DIR``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from ._bench import format_sweep, sweep
 from ._info import describe_dataset, describe_installation
 from ._verify import find_problems
 from .errors import FastloadError
@@ -18,7 +19,21 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("directory")
     info = sub.add_parser("info", help="describe a dataset, or this installation when no directory is given")
     info.add_argument("directory", nargs="?")
+    bench = sub.add_parser("bench", help="sweep thread counts over a dataset and recommend one")
+    bench.add_argument("directory")
+    bench.add_argument("--batch-size", type=int, default=256)
+    bench.add_argument("--max-batches", type=int, help="stop each pass after this many batches")
+    bench.add_argument("--threads", type=int, nargs="+", help="thread counts to try (default: 1 to the CPU count)")
     args = parser.parse_args(argv)
+
+    if args.command == "bench":
+        try:
+            rows = sweep(args.directory, args.batch_size, args.max_batches, args.threads)
+        except (FastloadError, ValueError) as err:
+            print(f"fastload: error: {err}", file=sys.stderr)
+            return 1
+        print(format_sweep(rows))
+        return 0
 
     if args.command == "verify":
         problems = 0

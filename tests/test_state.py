@@ -1,0 +1,102 @@
+import json
+
+import numpy as np
+import pytest
+from conftest import BACKENDS, batches_equal
+
+import fastload
+from fastload import ShardLoader, StateError
+
+
+def take(it, k):
+    return [{key: t.clone() for key, t in next(it).items()} for _ in range(k)]
+
+
+def run_resume_check(make_loader, stop_after, epoch=0):
+    """Save after `stop_after` batches of `epoch`, load into a new loader, compare with an uninterrupted run."""
+    reference = make_loader()
+    reference.set_epoch(epoch)
+    full = [{k: t.clone() for k, t in b.items()} for b in reference] + list(reference)  # this epoch and the next
+
+    first = make_loader()
+    first.set_epoch(epoch)
+    it = iter(first)
+    head = take(it, stop_after)
+    state = json.loads(json.dumps(first.state_dict()))  # plain JSON, no pickle
+    del it
+
+    second = make_loader()
+    second.load_state_dict(state)
+    tail = list(second) + list(second)
+    assert batches_equal(head + tail[: len(full) - stop_after], full)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("stop_after", [0, 1, 5, 10, 11])
+def test_resume_mid_epoch_start_end_and_next_epoch(small_dataset, backend, stop_after):
+    def make():
+        return ShardLoader(small_dataset, batch_size=10, shuffle=True, seed=4, backend=backend, num_workers=0)
+
+    run_resume_check(make, stop_after, epoch=2)
+
+
+def test_resume_with_drop_last_and_another_batch_size(small_dataset):
+    run_resume_check(lambda: ShardLoader(small_dataset, batch_size=8, shuffle=True, drop_last=True), 6)
+    loader = ShardLoader(small_dataset, batch_size=10, shuffle=True)
+    it = iter(loader)
+    seen = [b["label"] for b in take(it, 3)]
+    state = loader.state_dict()
+    assert state["position"] == 30 and state["epoch"] == 0
+    other = ShardLoader(small_dataset, batch_size=7, shuffle=True)
+    other.load_state_dict(state)
+    rest = [b["label"] for b in other]
+    labels = np.concatenate([t.numpy() for t in seen + rest])
+    assert sorted(labels.tolist()) == [7 * i for i in range(103)]
+
+
+def test_state_after_a_finished_epoch_points_at_the_next(small_dataset):
+    loader = ShardLoader(small_dataset, batch_size=50)
+    list(loader)
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["position"] == 0
+
+
+@pytest.mark.parametrize(("saved_world", "resumed_world"), [(4, 2), (2, 4), (3, 1), (1, 3)])
+def test_elastic_resume_continues_the_global_sequence(small_dataset, saved_world, resumed_world):
+    batch, steps = 4, 3
+    seen, states = [], []
+    for rank in range(saved_world):
+        loader = ShardLoader(small_dataset, batch_size=batch, shuffle=True, seed=9, rank=rank,
+                             world_size=saved_world)
+        it = iter(loader)
+        seen += [b["label"] for b in take(it, steps)]
+        states.append(loader.state_dict())
+    assert all(s == states[0] for s in states) and states[0]["position"] == batch * steps * saved_world
+    for rank in range(resumed_world):
+        loader = ShardLoader(small_dataset, batch_size=batch, shuffle=True, seed=9, rank=rank,
+                             world_size=resumed_world)
+        loader.load_state_dict(states[0])
+        seen += [b["label"] for b in loader]
+    labels = np.concatenate([t.numpy() for t in seen]).tolist()
+    assert set(labels) == {7 * i for i in range(103)}  # nothing skipped
+    remaining = 103 - batch * steps * saved_world
+    padding = -(-remaining // resumed_world) * resumed_world - remaining
+    assert len(labels) == 103 + padding  # nothing seen twice but the final wrap-around padding
+
+
+def test_state_errors(small_dataset, tmp_path):
+    loader = ShardLoader(small_dataset, batch_size=10, shuffle=True, seed=1)
+    state = loader.state_dict()
+    other = tmp_path / "other"
+    fastload.write_arrays(other, {"label": np.arange(103, dtype=np.int64)})
+    with pytest.raises(StateError, match="another dataset"):
+        ShardLoader(other, batch_size=10, shuffle=True, seed=1).load_state_dict(state)
+    with pytest.raises(StateError, match="state_version 99"):
+        loader.load_state_dict({**state, "state_version": 99})
+    with pytest.raises(StateError, match="order_version"):
+        loader.load_state_dict({**state, "order_version": 0})
+    with pytest.raises(StateError, match="seed=1, this loader has seed=2"):
+        ShardLoader(small_dataset, batch_size=10, shuffle=True, seed=2).load_state_dict(state)
+    with pytest.raises(StateError, match="invalid epoch"):
+        loader.load_state_dict({**state, "position": 104})
+    with pytest.raises(StateError, match="is a dict"):
+        loader.load_state_dict([1, 2])
