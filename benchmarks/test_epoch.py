@@ -4,7 +4,8 @@ Run: ``pytest benchmarks/ --benchmark-only`` (``FASTLOAD_BENCH_QUICK=1`` for the
 ``make bench`` also writes benchmarks/results/ (table and chart).
 
 Compared, per dataset, in one pytest-benchmark group so ratios come from one run:
-``ShardLoader`` native with 1 and 2 threads; ``ShardLoader(backend="torch")`` (DataLoader with 2
+``ShardLoader`` native with 1 and 2 threads (and 2 threads without the per-record XXH3
+check, to show its cost); ``ShardLoader(backend="torch")`` (DataLoader with 2
 forked persistent workers, same order); and a user's plain ``DataLoader(ShardDataset)`` with 0
 workers, 2 forked workers and 2 spawned workers (spawn stands in for Windows).
 
@@ -28,8 +29,9 @@ from measure import EpochResult, MemorySampler, extra_info, run_epoch
 from fastload import ShardDataset, ShardLoader
 
 
-def native(path, threads):
-    return ShardLoader(path, batch_size=BATCH, shuffle=True, seed=SEED, num_threads=threads, backend="native")
+def native(path, threads, verify=True):
+    return ShardLoader(path, batch_size=BATCH, shuffle=True, seed=SEED, num_threads=threads, backend="native",
+                       verify_checksums=verify)
 
 
 def plain_dataloader(path, workers, context=None):
@@ -43,6 +45,7 @@ def plain_dataloader(path, workers, context=None):
 CONFIGS = {
     "fastload-native-1t": lambda p: native(p, 1),
     "fastload-native-2t": lambda p: native(p, 2),
+    "fastload-native-2t-noverify": lambda p: native(p, 2, verify=False),
     "fastload-torch-backend-2w": lambda p: ShardLoader(p, batch_size=BATCH, shuffle=True, seed=SEED,
                                                         backend="torch", num_workers=2),
     "dataloader-0w": lambda p: plain_dataloader(p, 0),

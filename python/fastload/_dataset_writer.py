@@ -137,7 +137,6 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     journal = _Journal(out_dir, _fingerprint(job))
     if resume and journal.path.exists():
         journal.load_valid_prefix()
-    journal.skipped = journal.skipped or []
     _clean_partial_files(out_dir, {e["file"] for e in journal.entries})
     start = journal.position()
     resumed = len(journal.entries)

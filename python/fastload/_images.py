@@ -130,24 +130,24 @@ def _check_png_depth(path: str | os.PathLike) -> None:
         raise ImageReadError(path, "16-bit colour PNG would lose precision in Pillow; save it as TIFF or NPY")
 
 
-def _tiff_axes_order(shape: tuple[int, ...], axes: str) -> tuple[list[int], int]:
+def _tiff_channel_axis(shape: tuple[int, ...], axes: str) -> int:
+    """Return the index of the band axis (-1 for none); refuse stacks that are not one multi-band image."""
     if "Y" not in axes or "X" not in axes:
         raise ValueError(f"TIFF axes {axes!r} lack Y and X")
     others = [i for i, a in enumerate(axes) if a not in "YX" and shape[i] != 1]
     if len(others) > 1 or (others and axes[others[0]] not in _CHANNEL_AXES):
         raise ValueError(f"TIFF with axes {axes!r} and shape {shape} is not a single multi-band image")
-    channel_axis = others[0] if others else -1
-    return others, channel_axis
+    return others[0] if others else -1
 
 
 def _tiff_hwc_shape(shape: tuple[int, ...], axes: str) -> tuple[int, int, int]:
-    _, channel_axis = _tiff_axes_order(shape, axes)
+    channel_axis = _tiff_channel_axis(shape, axes)
     channels = shape[channel_axis] if channel_axis >= 0 else 1
     return (shape[axes.index("Y")], shape[axes.index("X")], channels)
 
 
 def _tiff_to_hwc(arr: np.ndarray, axes: str) -> np.ndarray:
-    _, channel_axis = _tiff_axes_order(arr.shape, axes)
+    channel_axis = _tiff_channel_axis(arr.shape, axes)
     order = [axes.index("Y"), axes.index("X")] + ([channel_axis] if channel_axis >= 0 else [])
     singles = [i for i in range(arr.ndim) if i not in order]
     arr = arr.transpose(order + singles)
