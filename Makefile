@@ -32,7 +32,7 @@ $(VENV)/.torch-ok: $(VENV)/.venv-ok
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.torch-ok $(SOURCES) | system-deps
-	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
+	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.18" ninja
 	$(PY) -m pip install -q --no-build-isolation ".[dev]"
 	touch $@
 
@@ -44,9 +44,10 @@ test: install test-cpp
 
 # The C++ core's own tests, and the Python suite against an ASan+UBSan build.
 test-cpp: install
-	cmake -S . -B build/cpp-tests -DFASTLOAD_BUILD_TESTS=ON -DFASTLOAD_BUILD_PYTHON=OFF -DFASTLOAD_SANITIZE=ON >/dev/null
-	cmake --build build/cpp-tests -j2 >/dev/null
-	cd build/cpp-tests && ctest --output-on-failure
+	$(VENV)/bin/cmake -S . -B build/cpp-tests -DFASTLOAD_BUILD_TESTS=ON -DFASTLOAD_BUILD_PYTHON=OFF \
+	    -DFASTLOAD_SANITIZE=ON >/dev/null
+	$(VENV)/bin/cmake --build build/cpp-tests -j2 >/dev/null
+	cd build/cpp-tests && $(abspath $(VENV))/bin/ctest --output-on-failure
 
 test-asan: install
 	$(PY) -m pip install -q --no-build-isolation --no-deps --upgrade --target $(ASAN_SITE) \
