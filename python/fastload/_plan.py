@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._order import num_batches
+
 
 @dataclass(frozen=True)
 class EpochPlan:
@@ -54,8 +56,7 @@ class EpochPlan:
         return r // w if self.drop_last else -(-r // w)
 
     def __len__(self) -> int:
-        per_rank = self.samples
-        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+        return num_batches(self.samples, self.batch_size, self.drop_last)
 
     def batch_positions(self, b: int) -> np.ndarray:
         """Return the epoch positions of this rank's batch ``b`` (uint64)."""
