@@ -20,3 +20,20 @@ def test_python_dash_m_fastload_info():
     assert r.returncode == 0
     for key in ("platform:", "cpus:", "native extension:", "cuda:", "torch", "recommended: num_threads="):
         assert key in r.stdout
+
+
+def test_preprocessing_and_verify_start_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, fastload, fastload.preprocess, fastload.cli, fastload._verify; "
+            "fastload.write_arrays; fastload.Field; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_every_public_name_resolves():
+    import fastload
+
+    for name in fastload.__all__:
+        assert getattr(fastload, name) is not None

@@ -1,19 +1,15 @@
 """fastload: a fast, deterministic data loader for PyTorch over LMDB tile shards.
 
-The public names are re-exported here; the implementation lives in private modules.
+The public names are re-exported here; the implementation lives in private
+modules. Names that need torch are imported on first use (PEP 562), so
+``preprocess_tiles`` and ``fastload verify`` start without importing torch.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from ._array_writer import write_arrays
-from ._dataset import ShardDataset
-from ._format import Field
-from ._helpers import EpochDataLoader, check_determinism, create_dataloader, seed_everything
-from ._loader import ShardLoader
-from ._order import ORDER_VERSION, EpochOrder
-from ._state import StateError
 from .errors import (
     CorruptRecordError,
     CorruptShardError,
@@ -23,13 +19,30 @@ from .errors import (
     ShardNotFoundError,
 )
 
+__version__ = "0.1.0"
+
+# Public name -> the private module that defines it.
+_LAZY = {
+    "EpochDataLoader": "._helpers",
+    "EpochOrder": "._order",
+    "Field": "._format",
+    "ORDER_VERSION": "._order",
+    "ShardDataset": "._dataset",
+    "ShardLoader": "._loader",
+    "StateError": "._state",
+    "check_determinism": "._helpers",
+    "create_dataloader": "._helpers",
+    "seed_everything": "._helpers",
+    "write_arrays": "._array_writer",
+}
+
 __all__ = [
     "CorruptRecordError",
     "CorruptShardError",
     "DatasetError",
-    "FastloadError",
     "EpochDataLoader",
     "EpochOrder",
+    "FastloadError",
     "Field",
     "ORDER_VERSION",
     "SchemaMismatchError",
@@ -43,3 +56,26 @@ __all__ = [
     "seed_everything",
     "write_arrays",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastload' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:
+    from ._array_writer import write_arrays
+    from ._dataset import ShardDataset
+    from ._format import Field
+    from ._helpers import EpochDataLoader, check_determinism, create_dataloader, seed_everything
+    from ._loader import ShardLoader
+    from ._order import ORDER_VERSION, EpochOrder
+    from ._state import StateError

@@ -1,9 +1,8 @@
-"""The dtypes a field may have, with their little-endian numpy and torch spellings."""
+"""The dtypes a field may have, with their little-endian numpy spellings (no torch needed here)."""
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 # Name in the schema -> numpy dtype (always little-endian on disk).
 NUMPY_DTYPES: dict[str, np.dtype] = {
@@ -18,20 +17,6 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
     "float64": np.dtype("<f8"),
     "bool": np.dtype("?"),
 }
-
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "uint16": torch.uint16,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bool": torch.bool,
-}
-
 
 def dtype_name(dtype: np.dtype | str) -> str:
     """Return the schema name of a numpy dtype, or raise ValueError if fields cannot hold it."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._bench import format_sweep, sweep
 from ._info import describe_dataset, describe_installation
 from ._verify import find_problems
 from .errors import FastloadError
@@ -27,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "bench":
+        from ._bench import format_sweep, sweep  # imports torch, which verify and info do not need
+
         try:
             rows = sweep(args.directory, args.batch_size, args.max_batches, args.threads)
         except (FastloadError, ValueError) as err:
