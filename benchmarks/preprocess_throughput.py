@@ -58,7 +58,8 @@ def main() -> None:
                     out = root / "out"
                     start = time.perf_counter()
                     preprocess(["--data-dir", str(src), "--output-dir", str(out), "--tile-size", "128",
-                                "--codec", codec, "--workers", str(workers), "--no-progress", "--overwrite"])
+                                "--codec", codec, "--workers", str(workers), "--shard-size", "32MB", "--no-progress",
+                                "--overwrite"])
                     elapsed = time.perf_counter() - start
                     import json
 

@@ -6,6 +6,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,9 +81,10 @@ class _Journal:
         self.entries: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
 
-    def record(self, info: ShardInfo, next_source: int, next_tile: int) -> None:
+    def record(self, info: ShardInfo, next_source: int, next_tile: int, skipped: list[dict[str, Any]]) -> None:
+        """Append a completed shard and rewrite the file (``skipped``: the files skipped so far)."""
         self.entries.append({**info.to_json(), "next_source": next_source, "next_tile": next_tile})
-        doc = {"fingerprint": self.fingerprint, "shards": self.entries, "skipped": self.skipped}
+        doc = {"fingerprint": self.fingerprint, "shards": self.entries, "skipped": skipped}
         write_json_atomic(self.path, doc)
 
     def load_valid_prefix(self) -> None:
@@ -150,13 +152,27 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     bar = tqdm(total=planned, initial=done, unit="tile", desc=out_dir.name, disable=not progress or None,
                dynamic_ncols=True)
 
-    def flush(next_source: int, next_tile: int) -> None:
-        nonlocal current, current_size
-        info = write_shard(out_dir, len(journal.entries), current)
-        journal.record(info, next_source, next_tile)
-        current, current_size = [], 0
+    # Shards are written (LMDB, compacting copy, hash, journal) by one writer
+    # thread while this thread gathers the next shard's records: at most one
+    # shard is being written and one being filled, always in order.
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-shard-writer")
+    pending: Future[None] | None = None
+    shard_index = len(journal.entries)
+
+    def write_and_record(index: int, records: list[bytes], next_source: int, next_tile: int,
+                         skipped: list[dict[str, Any]]) -> None:
+        journal.record(write_shard(out_dir, index, records), next_source, next_tile, skipped)
         if delay:
             time.sleep(delay)
+
+    def flush(next_source: int, next_tile: int) -> None:
+        nonlocal current, current_size, pending, shard_index
+        if pending is not None:
+            pending.result()  # re-raises the previous shard's error
+        pending = writer.submit(write_and_record, shard_index, current, next_source, next_tile,
+                                list(journal.skipped))
+        shard_index += 1
+        current, current_size = [], 0
 
     try:
         outcomes = ordered_map(encode_source, _tasks(job, start), workers)
@@ -185,7 +201,10 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             bar.update(len(records))
         if current:
             flush(len(job.sources), 0)
+        if pending is not None:
+            pending.result()
     finally:
+        writer.shutdown(wait=True)  # a shard already being written finishes and stays journaled
         bar.close()
 
     skipped_paths = {s["path"] for s in journal.skipped}
