@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, help="write train/ and val/, split by source image")
     p.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
     p.add_argument("--samples-per-shard", type=int)
-    p.add_argument("--shard-size", type=parse_size, help="target shard size, e.g. 512MB (default 256MB)")
+    p.add_argument("--shard-size", type=parse_size,
+                   help="target shard size, e.g. 512MB (default 256MB); two shards are held in memory")
     p.add_argument("--codec", choices=list(CODECS), default="raw")
     p.add_argument("--level", type=int, default=DEFAULT_ZSTD_LEVEL, help="zstd level")
     p.add_argument("--workers", type=int, default=1, help="encoding processes; output is identical for any value")
