@@ -93,7 +93,6 @@ void RecordDecoder::decompress(const uint8_t* src, size_t src_size, uint8_t* dst
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   if (ZSTD_isError(got)) throw DecodeError(std::string("zstd error: ") + ZSTD_getErrorName(got));
   if (got != dst_size) throw DecodeError("zstd frame decoded to the wrong size");
-  decompressed_bytes_ += dst_size;
 }
 
 void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* dest) {
@@ -154,7 +153,6 @@ void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* des
       switch (spec.codec) {
         case Codec::kRaw:
           std::memcpy(dest[f], payload, dec);
-          copied_bytes_ += dec;
           break;
         case Codec::kZstd:
           decompress(payload, enc, dest[f], dec);

@@ -51,9 +51,6 @@ class RecordDecoder {
 
   const std::vector<FieldSpec>& fields() const noexcept { return fields_; }
 
-  // Bytes decompressed (zstd fields) and bytes copied (raw fields) so far.
-  uint64_t decompressed_bytes() const noexcept { return decompressed_bytes_; }
-  uint64_t copied_bytes() const noexcept { return copied_bytes_; }
   // Nanoseconds spent inside zstd so far (the rest of decode() is copy and verify).
   uint64_t decompress_ns() const noexcept { return decompress_ns_; }
 
@@ -67,8 +64,6 @@ class RecordDecoder {
   bool verify_;
   std::unique_ptr<ZSTD_DCtx_s, DCtxDeleter> dctx_;
   std::vector<uint8_t> scratch_;
-  uint64_t decompressed_bytes_ = 0;
-  uint64_t copied_bytes_ = 0;
   uint64_t decompress_ns_ = 0;
 };
 

@@ -59,7 +59,6 @@ class WriteResult:
     manifest: Manifest
     source_bytes: int
     decoded_bytes: int
-    resumed_shards: int = 0
 
 
 def _fingerprint(job: WriteJob) -> str:
@@ -141,7 +140,6 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         journal.load_valid_prefix()
     _clean_partial_files(out_dir, {e["file"] for e in journal.entries})
     start = journal.position()
-    resumed = len(journal.entries)
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
 
     record_bytes = sum(f.nbytes for f in job.settings.fields)
@@ -225,4 +223,4 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     journal.path.unlink(missing_ok=True)
     used = [src for src in job.sources if src.relpath not in skipped_paths]
     source_bytes = sum(os.path.getsize(os.path.join(job.settings.data_dir, s.relpath)) for s in used)
-    return WriteResult(manifest, source_bytes, manifest.total * record_bytes, resumed)
+    return WriteResult(manifest, source_bytes, manifest.total * record_bytes)
