@@ -1,0 +1,53 @@
+// Checked arithmetic for sizes, counts and offsets read from untrusted input
+// (shards, manifests, record headers). Every such computation in the core goes
+// through these helpers so that a wrap-around is an error, never a small
+// buffer and a write past its end.
+//
+// checked_add / checked_mul return false on overflow (the output is then
+// unspecified); add_or_throw / mul_or_throw throw DecodeError naming `what`.
+// All functions are pure and thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "errors.h"
+
+namespace fastload {
+
+template <typename T>
+[[nodiscard]] constexpr bool checked_add(T a, T b, T* out) noexcept {
+  static_assert(std::is_unsigned_v<T>, "checked_add is for unsigned sizes");
+  return !__builtin_add_overflow(a, b, out);
+}
+
+template <typename T>
+[[nodiscard]] constexpr bool checked_mul(T a, T b, T* out) noexcept {
+  static_assert(std::is_unsigned_v<T>, "checked_mul is for unsigned sizes");
+  return !__builtin_mul_overflow(a, b, out);
+}
+
+// a + b, or DecodeError("<what>: size overflow").
+template <typename T>
+T add_or_throw(T a, T b, const char* what) {
+  T out{};
+  if (!checked_add(a, b, &out)) throw DecodeError(std::string(what) + ": size overflow");
+  return out;
+}
+
+// a * b, or DecodeError("<what>: size overflow").
+template <typename T>
+T mul_or_throw(T a, T b, const char* what) {
+  T out{};
+  if (!checked_mul(a, b, &out)) throw DecodeError(std::string(what) + ": size overflow");
+  return out;
+}
+
+// True when [offset, offset + length) lies inside [0, size), without overflow.
+[[nodiscard]] constexpr bool range_inside(uint64_t offset, uint64_t length, uint64_t size) noexcept {
+  return offset <= size && length <= size - offset;
+}
+
+}  // namespace fastload
