@@ -107,9 +107,8 @@ def test_many_short_lived_loaders_leak_neither_threads_nor_memory(small_dataset,
 def test_steady_loop_recycles_buffers(small_dataset):
     loader = ShardLoader(small_dataset, batch_size=4, prefetch=2, num_threads=2)
     it = iter(loader)
-    assert isinstance(it._inner, NativeEpoch)
     for _ in it:
-        pass
+        assert isinstance(it._inner, NativeEpoch)  # built by the first next()
     assert it._inner.pool_slots == 0  # closed at the end
     it = iter(loader)
     slots = []

@@ -1,29 +1,54 @@
-"""The iterator of one pass over a ShardLoader: counts what it delivers, times waits, closes cleanly."""
+"""One pass over a ShardLoader: starts on its first ``next()``, counts what it delivers, closes cleanly.
+
+The iterator knows nothing of the loader: the loader hands it callbacks
+(:class:`PassHooks`). A pass is *pending* from ``iter()`` until its first
+``next()``, which asks ``begin`` for its epoch, plan and batches, so a
+``set_epoch`` or ``load_state_dict`` between ``iter()`` and the first batch
+still takes effect (trainers call ``iter()`` before their epoch hooks). A pass
+*ends* once: complete when it delivers its last batch, abandoned when it is
+closed (``break``, ``del``, an exception) before that; ``ended`` tells the loader.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ._plan import EpochPlan
 
-if TYPE_CHECKING:
-    from ._loader import ShardLoader
-
+Batch = dict[str, torch.Tensor]
 _STAGES = ("read_s", "decompress_s", "copy_s")
 
 
-class EpochIterator:
-    """Wraps one epoch's batch iterator; tells the loader when the pass completes."""
+@dataclass(frozen=True)
+class PassHooks:
+    """What a pass needs from its loader.
 
-    def __init__(self, loader: ShardLoader, inner: Iterator[dict[str, torch.Tensor]], epoch: int,
-                 plan: EpochPlan) -> None:
-        self._loader, self._inner, self.epoch, self.plan = loader, inner, epoch, plan
+    ``begin(it)`` fixes the pass's epoch and plan and returns them with the
+    batch iterator; ``ended(it, complete)`` reports the end of the pass;
+    ``remaining()`` is how many batches a pass started now would deliver.
+    """
+
+    begin: Callable[[EpochIterator], tuple[int, EpochPlan, Iterator[Batch]]]
+    ended: Callable[[EpochIterator, bool], None]
+    remaining: Callable[[], int]
+
+
+class EpochIterator:
+    """One pass over a loader: the batches of one epoch (or of what is left of it after a resume)."""
+
+    def __init__(self, hooks: PassHooks) -> None:
+        self._hooks = hooks
+        self._inner: Iterator[Batch] | None = None
+        self.epoch: int | None = None
+        self.plan: EpochPlan | None = None
         self.delivered = 0
-        self.finished = False
+        self.finished = False  # ended: complete or abandoned
+        self.complete = False
         self._samples = 0
         self._wait = 0.0
         self._started = time.perf_counter()
@@ -31,24 +56,47 @@ class EpochIterator:
     def __iter__(self) -> EpochIterator:
         return self
 
-    def __next__(self) -> dict[str, torch.Tensor]:
+    def __next__(self) -> Batch:
+        if self.finished:
+            raise StopIteration
+        if self._inner is None:
+            self.epoch, self.plan, self._inner = self._hooks.begin(self)
+            self._started = time.perf_counter()
+        assert self.plan is not None
+        if self.delivered >= len(self.plan):  # an empty plan: complete without a batch
+            self._end(complete=True)
+            raise StopIteration
         start = time.perf_counter()
         try:
             batch = next(self._inner)
         except StopIteration:
-            self._finish()
+            raise RuntimeError(f"a pass over {len(self.plan)} batches ended after {self.delivered}") from None
+        except BaseException:
+            self._end(complete=False)
             raise
         finally:
             self._wait += time.perf_counter() - start
         self.delivered += 1
         self._samples += len(next(iter(batch.values())))
+        if self.delivered == len(self.plan):
+            self._end(complete=True)  # the last batch: the epoch is complete now, not on an extra next()
         return batch
 
-    def _finish(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self._loader._remember_stats(self.raw_stats())
-            self._loader._epoch_done(self)
+    @property
+    def started(self) -> bool:
+        """Return whether the first batch was requested (the epoch and plan are fixed)."""
+        return self._inner is not None
+
+    def _end(self, complete: bool) -> None:
+        if self.finished:
+            return
+        self.finished, self.complete = True, complete
+        try:
+            close = getattr(self._inner, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._hooks.ended(self, complete)
 
     def raw_stats(self) -> dict[str, Any]:
         """Return this pass's counters (the native reader's included)."""
@@ -68,21 +116,23 @@ class EpochIterator:
             reader.reset_stats()
 
     def close(self) -> None:
-        """Stop this pass early and release its threads."""
-        self._loader._remember_stats(self.raw_stats())
-        close = getattr(self._inner, "close", None)
-        if close is not None:
-            close()
+        """Stop this pass and release its threads; before its last batch this abandons the pass."""
+        self._end(complete=False)
 
     def __del__(self) -> None:
-        if not self.finished and hasattr(self, "_inner"):
+        if not getattr(self, "finished", True):
             try:
                 self.close()
             except Exception:  # interpreter shutdown: nothing left to report to
                 pass
 
     def __len__(self) -> int:
-        return len(self.plan)
+        """Return the batches this pass has still to deliver (all of them before it starts)."""
+        if self.finished:
+            return 0
+        if self.plan is None:
+            return self._hooks.remaining()
+        return len(self.plan) - self.delivered
 
 
 def summarize_stats(raw: dict[str, Any], backend: str) -> dict[str, Any]:

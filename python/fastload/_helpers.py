@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ._loader import Auto, resolve_distributed
+from ._distributed import resolve_distributed
+from ._loader import Auto
 from ._torch_backend import seed_worker
 
 

@@ -14,21 +14,17 @@ import torch
 
 from ._dataset import ShardDataset
 from ._device import CudaOps, prefetch_to_device, resolve_device
-from ._epoch import EpochIterator, summarize_stats
+from ._distributed import Topology, _positive_int
+from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
 from ._native_backend import NATIVE_IMPORT_ERROR, NativeEpoch, NativeSettings, open_shards
 from ._order import EpochOrder
 from ._plan import EpochPlan
+from ._sampler import EpochBatchSampler, EpochSampler
 from ._state import check_state, make_state
 from ._torch_backend import OrderBatchSampler, make_dataloader, workers_for_platform
 
 BACKEND_ENV = "FASTLOAD_BACKEND"
 Auto = Literal["auto"]
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, not {value!r}")
-    return value
 
 
 def _resolve_backend(backend: str) -> str:
@@ -57,37 +53,35 @@ def _resolve_pin_memory(pin_memory: bool | str, device: torch.device | None) -> 
     return pin_memory
 
 
-def resolve_distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Return (rank, world_size): as given, else from an initialised torch.distributed, else (0, 1)."""
-    dist = torch.distributed
-    if rank is None and world_size is None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    world = 1 if world_size is None else _positive_int("world_size", world_size)
-    rank = 0 if rank is None else rank
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-        raise ValueError(f"rank must be an integer in [0, {world}), not {rank!r}")
-    return rank, world
-
-
 class ShardLoader:
     """Batches of a shard dataset in a seeded, deterministic order; a drop-in for ``DataLoader``.
 
     Each batch is a dict of field name to a tensor of shape ``[B, *field shape]``
     in the schema's dtype. The order of epoch ``e`` is a pure function of
     ``(seed, e, len(dataset))`` (docs/ORDER.md), identical for every thread
-    count and backend. The epoch advances by one after each complete pass;
-    ``set_epoch(e)`` selects it explicitly, as with ``DistributedSampler``.
+    count and backend.
+
+    Epochs work as with ``DataLoader`` + ``DistributedSampler`` (docs/ORDER.md,
+    "Epochs"): ``len(loader)`` is the number of batches of one full epoch on
+    this rank; every pass (each ``iter()``, from its first ``next()``) reads one
+    epoch, and the next pass reads the next epoch, whether the pass delivered
+    its last batch or was abandoned (``break``); ``set_epoch(e)`` (also through
+    ``loader.sampler`` / ``loader.batch_sampler.sampler``, where trainers call
+    it) selects the epoch of the next pass. ``load_state_dict`` makes the next
+    pass resume mid-epoch; ``remaining()`` says how many batches it has.
 
     ``backend="native"`` decodes in C++ threads into pooled (pinned when CUDA
     is there) buffers; ``backend="torch"`` uses ``torch.utils.data.DataLoader``
     over :class:`ShardDataset`; ``"auto"`` (or the ``FASTLOAD_BACKEND``
     environment variable) picks native when the extension imports.
 
-    With ``world_size > 1`` (taken from ``torch.distributed`` when initialised)
-    each rank reads its disjoint part of every epoch (``_plan.py``); with
-    ``device="cuda"`` batches arrive on the GPU, copied one batch ahead on a
-    side stream. ``state_dict()`` / ``load_state_dict()`` resume exactly,
-    also with another world size.
+    Without ``rank``/``world_size`` the split follows ``torch.distributed``
+    as it is when a pass starts (a loader may be built before
+    ``init_process_group``); each rank reads its disjoint part of every epoch
+    (``_plan.py``). With ``device="cuda"`` batches arrive on the GPU, copied one
+    batch ahead on a side stream. ``state_dict()`` / ``load_state_dict()``
+    resume exactly, also with another world size, and a loader pickles as its
+    configuration plus that state (for spawned processes).
     """
 
     def __init__(
@@ -122,7 +116,7 @@ class ShardLoader:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ValueError(f"seed must be an integer, not {seed!r}")
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
-        self.rank, self.world_size = resolve_distributed(rank, world_size)
+        self._topology = Topology(rank, world_size)
         self.even_batches = bool(even_batches)
         self.device = resolve_device(device)
         self.num_threads = min(os.cpu_count() or 1, 8) if num_threads == "auto" else _positive_int(
@@ -132,64 +126,160 @@ class ShardLoader:
         self.backend = _resolve_backend(backend)
         self.verify_checksums = verify_checksums
         self._epoch = 0
-        self._start = 0  # global position where the next pass of self._epoch begins
-        self._active: weakref.ref[EpochIterator] | None = None
+        self._start = 0  # global position where the next pass of self._epoch begins (after load_state_dict)
+        self._active: weakref.ref[EpochIterator] | None = None  # the started pass that moves this loader
         self._last_stats: dict[str, Any] = {}
-        self._shards: Any = None
+        self._shards: Any = None  # the native ShardSet, opened by the first pass in this process
         self._sampler: OrderBatchSampler | None = None
         self._dataloader: torch.utils.data.DataLoader | None = None
+        self._samplers: tuple[EpochSampler, EpochBatchSampler] | None = None
         self._sample_delay_us = 0  # testing only: slows every native read
-        if self.backend == "native":
-            self._shards = open_shards(self.dataset)
-        else:
+        self._init_kwargs: dict[str, Any] = {
+            "batch_size": batch_size, "shuffle": shuffle, "seed": seed, "drop_last": drop_last,
+            "num_threads": num_threads, "prefetch": prefetch, "pin_memory": pin_memory, "backend": self.backend,
+            "num_workers": num_workers, "verify_checksums": verify_checksums, "prefetch_factor": prefetch_factor,
+            "persistent_workers": persistent_workers, "rank": rank, "world_size": world_size,
+            "even_batches": even_batches, "device": device}
+        if self.backend == "torch":
             self.num_workers = workers_for_platform(num_workers)
             if self.num_workers < 0:
                 raise ValueError(f"num_workers must be non-negative, not {self.num_workers}")
-            self._sampler = OrderBatchSampler(self._order(0), self._plan())
+            self._init_kwargs["num_workers"] = self.num_workers
+            self._sampler = OrderBatchSampler(self._order(0), self._plan(0, warn=False))
             self._dataloader = make_dataloader(self.dataset, self._sampler, self.num_workers, self.pin_memory, seed,
                                                prefetch_factor, persistent_workers)
+
+    # ---- distributed settings -----------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """Return this process's rank: as given, else torch.distributed's now, else 0."""
+        return self._topology.resolve(warn=False)[0]
+
+    @property
+    def world_size(self) -> int:
+        """Return the number of ranks: as given, else torch.distributed's now, else 1."""
+        return self._topology.resolve(warn=False)[1]
 
     # ---- epochs and order ---------------------------------------------------------------------
 
     @property
     def epoch(self) -> int:
-        """Return the epoch the next iteration will produce."""
-        return self._epoch
+        """Return the epoch of the running pass, else of the next one (as ``state_dict()["epoch"]``)."""
+        active = self._live_pass()
+        return self._epoch if active is None else int(active.epoch)  # type: ignore[arg-type]
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (and so the permutation) of the next iteration, from its start."""
-        if not isinstance(epoch, int) or epoch < 0:
+        """Select the epoch of the next pass, as ``DistributedSampler.set_epoch``.
+
+        A running pass is abandoned (its remaining batches no longer move the
+        loader). Another epoch starts from its beginning; the epoch the loader
+        is already at keeps a position loaded by ``load_state_dict``, so a
+        trainer that calls ``set_epoch`` after restoring a checkpoint resumes.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, not {epoch!r}")
-        self._epoch, self._start = epoch, 0
+        self._abandon_active()
+        if epoch != self._epoch:
+            self._epoch, self._start = epoch, 0
 
     def _order(self, epoch: int) -> EpochOrder:
         return EpochOrder(self.seed, epoch, len(self.dataset), self.shuffle)
 
-    def _plan(self) -> EpochPlan:
-        return EpochPlan(len(self.dataset), self.batch_size, self.drop_last, self.world_size, self.rank,
-                         self._start, self.even_batches)
+    def _plan(self, start: int, warn: bool = True) -> EpochPlan:
+        rank, world = self._topology.resolve(warn)
+        return EpochPlan(len(self.dataset), self.batch_size, self.drop_last, world, rank, start, self.even_batches)
 
     def __len__(self) -> int:
-        return len(self._plan())
+        """Return the batches of one full epoch on this rank, as ``len(DataLoader)``.
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        epoch, plan = self._epoch, self._plan()
+        Without explicit ``rank``/``world_size`` this follows torch.distributed
+        as it is now: before ``init_process_group`` it counts for a single
+        process (and warns when ``WORLD_SIZE`` says otherwise).
+        """
+        return len(self._plan(0))
+
+    def remaining(self) -> int:
+        """Return the batches the running pass has still to deliver, else those of the next pass.
+
+        Equal to ``len(loader)`` except after ``load_state_dict`` mid-epoch (the
+        resumed pass reads only what is left of its epoch) and during a pass.
+        """
+        active = self._live_pass()
+        if active is not None:
+            assert active.plan is not None
+            return len(active.plan) - active.delivered
+        return len(self._plan(self._start))
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """Return the sampler trainers call ``set_epoch`` on; it lists this rank's indices of the next pass."""
+        return self._trainer_samplers()[0]
+
+    @property
+    def batch_sampler(self) -> EpochBatchSampler:
+        """Return the batch sampler (``.sampler`` is :attr:`sampler`) that trainers probe for ``set_epoch``."""
+        return self._trainer_samplers()[1]
+
+    def _trainer_samplers(self) -> tuple[EpochSampler, EpochBatchSampler]:
+        if self._samplers is None:
+            sampler = EpochSampler(self.set_epoch, self._next_pass_batches, lambda: self._plan(0).samples)
+            self._samplers = sampler, EpochBatchSampler(sampler, self.batch_size, self.drop_last,
+                                                        self._next_pass_batches, self.remaining)
+        return self._samplers
+
+    def _next_pass_batches(self) -> Iterator[list[int]]:
+        active = self._live_pass()
+        epoch, start = (self._epoch, self._start) if active is None else (int(active.epoch) + 1, 0)  # type: ignore
+        order, plan = self._order(epoch), self._plan(start)
+        for b in range(len(plan)):
+            yield order.at(plan.batch_positions(b)).tolist()
+
+    # ---- passes -------------------------------------------------------------------------------
+
+    def __iter__(self) -> EpochIterator:
+        """Return a pass over the next epoch; it fixes its epoch, split and position at its first ``next()``."""
+        return EpochIterator(PassHooks(self._begin_pass, self._end_pass, self.remaining))
+
+    def _live_pass(self) -> EpochIterator | None:
+        active = self._active() if self._active is not None else None
+        return None if active is None or active.finished else active
+
+    def _abandon_active(self) -> None:
+        """Detach the running pass, if any; the next pass reads the epoch after it."""
+        active = self._live_pass()
+        self._active = None
+        if active is not None:
+            self._last_stats = active.raw_stats()
+            self._epoch, self._start = int(active.epoch) + 1, 0  # type: ignore[arg-type]
+
+    def _begin_pass(self, it: EpochIterator) -> tuple[int, EpochPlan, Iterator[Batch]]:
+        self._abandon_active()  # a second pass started while one runs supersedes it
+        epoch, plan = self._epoch, self._plan(self._start)
         order = self._order(epoch)
         if self.backend == "native":
-            inner: Iterator[dict[str, torch.Tensor]] = self._iter_native(order, plan)
+            inner: Iterator[Batch] = self._iter_native(order, plan)
         else:
             assert self._sampler is not None and self._dataloader is not None
             self._sampler.configure(order, plan)
             inner = iter(self._dataloader) if len(plan) else iter(())
         if self.device is not None:
             inner = prefetch_to_device(inner, CudaOps(self.device))
-        iterator = EpochIterator(self, inner, epoch, plan)
-        self._active = weakref.ref(iterator)
-        return iterator
+        self._active = weakref.ref(it)
+        return epoch, plan, inner
 
-    def _iter_native(self, order: EpochOrder, plan: EpochPlan) -> Iterator[dict[str, torch.Tensor]]:
+    def _end_pass(self, it: EpochIterator, complete: bool) -> None:
+        """End a pass (its last batch delivered, or closed early): the next pass reads the next epoch."""
+        if self._active is not None and self._active() is it:
+            self._active = None
+            self._last_stats = it.raw_stats()
+            self._epoch, self._start = int(it.epoch) + 1, 0  # type: ignore[arg-type]
+
+    def _iter_native(self, order: EpochOrder, plan: EpochPlan) -> Iterator[Batch]:
         if len(plan) == 0:
             return iter(())
+        if self._shards is None:
+            self._shards = open_shards(self.dataset)
         if self.shuffle:
             from . import _native
 
@@ -203,40 +293,52 @@ class ShardLoader:
                                   self._sample_delay_us)
         return NativeEpoch(self._shards, self.dataset, len(plan), self.batch_size, batch_indices, settings)
 
-    def _epoch_done(self, iterator: EpochIterator) -> None:
-        """Advance to the next epoch after a complete pass (called by the epoch's iterator)."""
-        if self._epoch == iterator.epoch:
-            self._epoch, self._start = iterator.epoch + 1, 0
-
     # ---- resumable state ----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Return the loader's position as small JSON-able data (no pickle of the loader).
 
-        Mid-epoch it records the global position after the batches delivered so
-        far; loading it into a new loader (any world size) continues from there.
+        During a pass it records the global position after the batches
+        delivered so far (once the last one is delivered: the next epoch, at
+        0); loading it into a new loader (any world size) continues from there.
         """
-        epoch, position = self._epoch, self._start
-        active = self._active() if self._active is not None else None
-        if active is not None and active.epoch == self._epoch and not active.finished:
-            if active.delivered >= len(active.plan):
-                epoch, position = active.epoch + 1, 0
-            else:
-                position = active.plan.position_after(active.delivered)
+        active = self._live_pass()
+        if active is None:
+            epoch, position = self._epoch, self._start
+        else:
+            assert active.plan is not None and active.epoch is not None
+            epoch, position = active.epoch, active.plan.position_after(active.delivered)
         return make_state(fingerprint=self.dataset.manifest.fingerprint, n=len(self.dataset), seed=self.seed,
                           shuffle=self.shuffle, epoch=epoch, position=position, batch_size=self.batch_size,
                           world_size=self.world_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a saved state: the next iteration resumes its epoch at its position."""
-        self._epoch, self._start = check_state(state, fingerprint=self.dataset.manifest.fingerprint,
-                                               n=len(self.dataset), seed=self.seed, shuffle=self.shuffle)
+        """Continue from a saved state: the next pass resumes its epoch at its position.
+
+        ``len(loader)`` stays the length of a full epoch; ``remaining()`` is the
+        number of batches the resumed pass delivers.
+        """
+        epoch, start = check_state(state, fingerprint=self.dataset.manifest.fingerprint, n=len(self.dataset),
+                                   seed=self.seed, shuffle=self.shuffle)
         self._active = None
+        self._epoch, self._start = epoch, start
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle as configuration plus position: no native handle, thread or weak reference."""
+        state = self.state_dict()
+        return {"dataset": self.dataset, "kwargs": dict(self._init_kwargs), "epoch": state["epoch"],
+                "position": state["position"], "sample_delay_us": self._sample_delay_us}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild from configuration and position; shards are opened by the first pass in this process."""
+        self.__init__(state["dataset"], **state["kwargs"])  # type: ignore[misc]
+        self._epoch, self._start = state["epoch"], state["position"]
+        self._sample_delay_us = state["sample_delay_us"]
 
     # ---- observability ------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Return counters of the current (or last) epoch and the stage that limits throughput.
+        """Return counters of the current (or last) pass and the stage that limits throughput.
 
         Keys: batches, samples, wait_s (time the consumer waited for data),
         wall_s, wait_share, and for the native backend bytes_read,
@@ -244,21 +346,19 @@ class ShardLoader:
         ready_batches; plus ``bottleneck``: "consumer" when the loop rarely
         waits, else the slowest loader stage.
         """
-        active = self._active() if self._active is not None else None
+        active = self._live_pass()
         raw = active.raw_stats() if active is not None else dict(self._last_stats)
         return summarize_stats(raw, self.backend)
 
     def reset_stats(self) -> None:
-        """Start the counters of the current epoch from zero."""
-        active = self._active() if self._active is not None else None
+        """Start the counters of the current pass from zero."""
+        active = self._live_pass()
         if active is not None:
             active.reset_stats()
         self._last_stats = {}
 
-    def _remember_stats(self, stats: dict[str, Any]) -> None:
-        self._last_stats = stats
-
     def __repr__(self) -> str:
+        topology = "from torch.distributed" if not self._topology.explicit else (
+            f"rank={self._topology.rank}, world_size={self._topology.world_size}")
         return (f"ShardLoader({str(self.dataset.path)!r}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-                f"seed={self.seed}, backend={self.backend!r}, num_threads={self.num_threads}, "
-                f"rank={self.rank}, world_size={self.world_size})")
+                f"seed={self.seed}, backend={self.backend!r}, num_threads={self.num_threads}, {topology})")
