@@ -31,9 +31,12 @@ $(VENV)/.torch-ok: $(VENV)/.venv-ok
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	touch $@
 
+# The dev extras include packages that depend on torch (lightning): a constraints file
+# keeps the pinned torch, so pip never swaps it for another build.
 $(VENV)/.installed: $(VENV)/.torch-ok $(SOURCES) | system-deps
+	printf '%s\n' "$(TORCH_SPEC)" > $(VENV)/torch-constraint.txt
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.18" ninja
-	$(PY) -m pip install -q --no-build-isolation ".[dev]"
+	$(PY) -m pip install -q --no-build-isolation -c $(VENV)/torch-constraint.txt ".[dev]"
 	touch $@
 
 demo: install

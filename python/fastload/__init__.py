@@ -27,6 +27,7 @@ _LAZY = {
     "EpochOrder": "._order",
     "Field": "._format",
     "ORDER_VERSION": "._order",
+    "ShardDataModule": "._datamodule",
     "ShardDataset": "._dataset",
     "ShardLoader": "._loader",
     "StateError": "._state",
@@ -46,6 +47,7 @@ __all__ = [
     "Field",
     "ORDER_VERSION",
     "SchemaMismatchError",
+    "ShardDataModule",
     "ShardDataset",
     "ShardLoader",
     "ShardNotFoundError",
@@ -73,6 +75,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from ._array_writer import write_arrays
+    from ._datamodule import ShardDataModule
     from ._dataset import ShardDataset
     from ._format import Field
     from ._helpers import EpochDataLoader, check_determinism, create_dataloader, seed_everything
