@@ -228,9 +228,16 @@ class ShardLoader:
                                                         self._next_pass_batches, self.remaining)
         return self._samplers
 
-    def _next_pass_batches(self) -> Iterator[list[int]]:
+    def _next_pass_position(self) -> tuple[int, int]:
+        """Return (epoch, position) where a pass started now begins (a running pass would be abandoned)."""
         active = self._live_pass()
-        epoch, start = (self._epoch, self._start) if active is None else (int(active.epoch) + 1, 0)  # type: ignore
+        return (self._epoch, self._start) if active is None else (int(active.epoch) + 1, 0)  # type: ignore[arg-type]
+
+    def _next_pass_len(self) -> int:
+        return len(self._plan(self._next_pass_position()[1]))
+
+    def _next_pass_batches(self) -> Iterator[list[int]]:
+        epoch, start = self._next_pass_position()
         order, plan = self._order(epoch), self._plan(start)
         for b in range(len(plan)):
             yield order.at(plan.batch_positions(b)).tolist()
@@ -239,7 +246,7 @@ class ShardLoader:
 
     def __iter__(self) -> EpochIterator:
         """Return a pass over the next epoch; it fixes its epoch, split and position at its first ``next()``."""
-        return EpochIterator(PassHooks(self._begin_pass, self._end_pass, self.remaining))
+        return EpochIterator(PassHooks(self._begin_pass, self._end_pass, self._next_pass_len))
 
     def _live_pass(self) -> EpochIterator | None:
         active = self._active() if self._active is not None else None
