@@ -218,3 +218,13 @@ def test_pickle_of_a_used_native_loader_and_dataset(small_dataset):
     dataset = loader.dataset
     dataset[0]  # opens an LMDB environment in this process
     assert pickle.loads(pickle.dumps(dataset))._envs == {}
+
+
+def test_batches_running_out_early_is_an_error_not_an_epoch_end(small_dataset):
+    loader = ShardLoader(small_dataset, batch_size=10, backend="native")
+    it = iter(loader)
+    next(it)
+    it._inner.close()  # the reader stops (as a closed native epoch does) with 10 batches still planned
+    with pytest.raises(RuntimeError, match="a pass over 11 batches stopped after 1"):
+        next(it)
+    assert loader.epoch == 1 and loader.state_dict()["position"] == 0  # abandoned, not completed

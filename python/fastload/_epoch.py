@@ -68,14 +68,15 @@ class EpochIterator:
             raise StopIteration
         start = time.perf_counter()
         try:
-            batch = next(self._inner)
-        except StopIteration:
-            raise RuntimeError(f"a pass over {len(self.plan)} batches ended after {self.delivered}") from None
+            batch = next(self._inner, None)
         except BaseException:
             self._end(complete=False)
             raise
         finally:
             self._wait += time.perf_counter() - start
+        if batch is None:  # the batches ran out before the plan did: never pass that off as an epoch's end
+            self._end(complete=False)
+            raise RuntimeError(f"a pass over {len(self.plan)} batches stopped after {self.delivered}")
         self.delivered += 1
         self._samples += len(next(iter(batch.values())))
         if self.delivered == len(self.plan):
