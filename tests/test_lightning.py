@@ -105,14 +105,20 @@ def test_resume_from_a_checkpoint_in_a_new_process_reproduces_the_run(root, unin
     assert [s["labels"] for s in resumed["steps"]] == [s["labels"] for s in expected]
 
 
-def test_limit_train_batches_reads_each_epochs_own_batches(root, tmp_path):
-    [limited] = run_worker(tmp_path, "limited", "lightning", str(root / "train"), "--limit", "3", "--epochs", "3")
+def test_limit_train_batches_reads_each_epochs_own_batches_also_after_a_resume(root, tmp_path):
+    [limited] = run_worker(tmp_path, "limited", "lightning", str(root / "train"), "--limit", "3", "--epochs", "3",
+                           "--ckpt-every", "3", "--ckpt-dir", str(tmp_path / "ckpt"))
     reference = fastload.ShardLoader(root / "train", batch_size=BATCH, shuffle=True, seed=7)
     for epoch in range(3):
         reference.set_epoch(epoch)
         expected = sum((b["label"].tolist() for _, b in zip(range(3), reference)), [])
         assert epoch_labels(limited, epoch) == expected
     assert len({tuple(epoch_labels(limited, e)) for e in range(3)}) == 3
+    saved = {s["step"]: s["loader"] for s in limited["saved"]}
+    assert (saved[3]["epoch"], saved[3]["position"]) == (0, 30)  # the cut-short pass, as it stood
+    [resumed] = run_worker(tmp_path, "resumed", "lightning", str(root / "train"), "--limit", "3", "--epochs", "3",
+                           "--resume", str(tmp_path / "ckpt" / "every3" / "step=3.ckpt"))
+    assert resumed["steps"] == limited["steps"][3:]  # Lightning's set_epoch(1) moves past the rest of epoch 0
 
 
 def check_partition(results: list[dict], epochs: int = 2) -> None:
