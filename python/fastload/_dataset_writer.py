@@ -74,16 +74,17 @@ def _fingerprint(job: WriteJob) -> str:
 class _Journal:
     """The progress file of an unfinished dataset: completed shards and where each one ends."""
 
-    def __init__(self, out_dir: Path, fingerprint: str) -> None:
+    def __init__(self, out_dir: Path, fingerprint: str, options: dict[str, Any] | None = None) -> None:
         self.path = out_dir / PROGRESS_NAME
         self.fingerprint = fingerprint
+        self.options = options
         self.entries: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
 
     def record(self, info: ShardInfo, next_source: int, next_tile: int, skipped: list[dict[str, Any]]) -> None:
         """Append a completed shard and rewrite the file (``skipped``: the files skipped so far)."""
         self.entries.append({**info.to_json(), "next_source": next_source, "next_tile": next_tile})
-        doc = {"fingerprint": self.fingerprint, "shards": self.entries, "skipped": skipped}
+        doc = {"fingerprint": self.fingerprint, "options": self.options, "shards": self.entries, "skipped": skipped}
         write_json_atomic(self.path, doc)
 
     def load_valid_prefix(self) -> None:
@@ -94,7 +95,8 @@ class _Journal:
             raise DatasetError(f"{self.path}: unreadable progress file ({err}); start again with --overwrite") from None
         if doc.get("fingerprint") != self.fingerprint:
             raise DatasetError(f"{self.path.parent}: --resume with other options or changed source files than "
-                               "the interrupted run; start again with --overwrite")
+                               "the interrupted run (a source file's size or modification time differs, or one "
+                               "was added or removed); restore them, or start again with --overwrite")
         out_dir = self.path.parent
         for entry in doc["shards"]:
             shard = out_dir / entry["file"]
@@ -135,7 +137,7 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     """
     out_dir = job.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    journal = _Journal(out_dir, _fingerprint(job))
+    journal = _Journal(out_dir, _fingerprint(job), job.provenance.get("options"))
     if resume and journal.path.exists():
         journal.load_valid_prefix()
     _clean_partial_files(out_dir, {e["file"] for e in journal.entries})

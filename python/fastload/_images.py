@@ -1,4 +1,4 @@
-"""Reading source images and rasters (PNG, JPEG, TIFF, NPY) as height x width x channels arrays."""
+"""Reading source images and rasters (PNG, JPEG, TIFF, NPY, HDF5) as height x width x channels arrays."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import tifffile
 from PIL import Image
 
-IMAGE_SUFFIXES = {".png": "pillow", ".jpg": "pillow", ".jpeg": "pillow", ".tif": "tiff", ".tiff": "tiff", ".npy": "npy"}
+IMAGE_SUFFIXES = {".png": "pillow", ".jpg": "pillow", ".jpeg": "pillow", ".tif": "tiff", ".tiff": "tiff", ".npy": "npy",
+                  ".h5": "hdf5", ".hdf5": "hdf5"}
 
 # Tiles are cut from rasters far larger than Pillow's decompression-bomb limit.
 Image.MAX_IMAGE_PIXELS = None
@@ -52,29 +53,47 @@ def is_image_file(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() in IMAGE_SUFFIXES
 
 
-def probe_image(path: str | os.PathLike, npy_layout: str = "hwc") -> ImageInfo:
-    """Read only the header of an image and return its shape and dtype; raise ImageReadError."""
+PILLOW_MODES = ("keep", "RGB", "RGBA", "L")
+
+
+def probe_image(path: str | os.PathLike, npy_layout: str = "auto", mode: str = "keep") -> ImageInfo:
+    """Read the header of an image, check the file is whole, and return its shape and dtype.
+
+    The check is cheap (no pixel decoding): PNG chunk CRCs, the JPEG end
+    marker, TIFF strip offsets within the file, the NPY/HDF5 data size; so
+    truncated files are all found in one pass before anything is written.
+    Raises ImageReadError.
+    """
     try:
         kind = IMAGE_SUFFIXES[Path(path).suffix.lower()]
         if kind == "pillow":
+            _check_png_depth(path)
             with Image.open(path) as img:
-                _check_png_depth(path)
-                arr_mode = _pillow_target_mode(img)
-                return _pillow_info(img.size, arr_mode)
+                arr_mode = _pillow_target_mode(img, mode, path)
+                size = img.size
+                img.verify()
+            _check_jpeg_end(path)
+            return _pillow_info(size, arr_mode)
         if kind == "tiff":
             with tifffile.TiffFile(path) as tif:
                 series = tif.series[0]
                 shape = _tiff_hwc_shape(series.shape, series.axes)
+                _check_tiff_extent(path, tif)
                 return ImageInfo(*shape, dtype=np.dtype(series.dtype).name)
+        if kind == "hdf5":
+            from ._hdf5 import probe_raster
+
+            (h, w, c), dtype = probe_raster(path, npy_layout)
+            return ImageInfo(h, w, c, dtype)
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        return ImageInfo(*_npy_hwc_shape(arr.shape, npy_layout), dtype=arr.dtype.name)
+        return ImageInfo(*npy_hwc_shape(arr.shape, npy_layout), dtype=arr.dtype.name)
     except ImageReadError:
         raise
     except Exception as err:  # every reader has its own exception types
         raise ImageReadError(path, f"unreadable image ({type(err).__name__}: {err})") from None
 
 
-def read_image(path: str | os.PathLike, npy_layout: str = "hwc") -> np.ndarray:
+def read_image(path: str | os.PathLike, npy_layout: str = "auto", mode: str = "keep") -> np.ndarray:
     """Read a whole image as a C-contiguous (height, width, channels) array; raise ImageReadError."""
     try:
         kind = IMAGE_SUFFIXES[Path(path).suffix.lower()]
@@ -82,15 +101,19 @@ def read_image(path: str | os.PathLike, npy_layout: str = "hwc") -> np.ndarray:
             _check_png_depth(path)
             with Image.open(path) as img:
                 img.load()
-                target = _pillow_target_mode(img)
+                target = _pillow_target_mode(img, mode, path)
                 arr = np.asarray(img.convert(target) if target != img.mode else img)
         elif kind == "tiff":
             with tifffile.TiffFile(path) as tif:
                 series = tif.series[0]
                 arr = _tiff_to_hwc(series.asarray(), series.axes)
+        elif kind == "hdf5":
+            from ._hdf5 import read_raster
+
+            arr = read_raster(path, npy_layout)
         else:
             arr = np.load(path, allow_pickle=False)
-            if arr.ndim == 3 and npy_layout == "chw":
+            if arr.ndim == 3 and npy_layout_of(arr.shape, npy_layout) == "chw":
                 arr = arr.transpose(1, 2, 0)
         if arr.ndim == 2:
             arr = arr[:, :, None]
@@ -103,7 +126,33 @@ def read_image(path: str | os.PathLike, npy_layout: str = "hwc") -> np.ndarray:
         raise ImageReadError(path, f"unreadable image ({type(err).__name__}: {err})") from None
 
 
-def _pillow_target_mode(img: Image.Image) -> str:
+def _check_jpeg_end(path: str | os.PathLike) -> None:
+    if Path(path).suffix.lower() not in (".jpg", ".jpeg"):
+        return
+    with open(path, "rb") as f:
+        f.seek(max(0, os.path.getsize(path) - 4096))
+        tail = f.read()
+    if b"\xff\xd9" not in tail:
+        raise ImageReadError(path, "truncated JPEG (no end-of-image marker)")
+
+
+def _check_tiff_extent(path: str | os.PathLike, tif: tifffile.TiffFile) -> None:
+    size = os.path.getsize(path)
+    for page in tif.pages:
+        offsets = getattr(page, "dataoffsets", ()) or ()
+        counts = getattr(page, "databytecounts", ()) or ()
+        for offset, count in zip(offsets, counts):
+            if offset + count > size:
+                raise ImageReadError(path, f"truncated TIFF: data at {offset}+{count} bytes runs past the "
+                                           f"end of the {size}-byte file")
+
+
+def _pillow_target_mode(img: Image.Image, mode: str = "keep", path: str | os.PathLike = "") -> str:
+    if mode != "keep":
+        if img.mode.startswith(("I", "F")):
+            raise ImageReadError(path, f"--mode {mode} would reduce this {img.mode} image to 8 bits; "
+                                       "use --mode keep for high-bit-depth images")
+        return mode
     if img.mode == "P":
         return "RGBA" if "transparency" in img.info else "RGB"
     if img.mode.startswith("I;16"):
@@ -154,9 +203,31 @@ def _tiff_to_hwc(arr: np.ndarray, axes: str) -> np.ndarray:
     return arr.reshape(arr.shape[: len(order)])
 
 
-def _npy_hwc_shape(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
+def npy_layout_of(shape: tuple[int, ...], layout: str) -> str:
+    """Return ``"chw"`` or ``"hwc"`` for a 3-D array; ``layout="auto"`` decides from the shape.
+
+    As for TIFF, a small leading axis and two large ones is bands-first: an
+    axis is small when it is at most half of each of the other two. When both
+    ends (or neither) look like bands the shape is ambiguous: ValueError
+    asking for ``--npy-layout``.
+    """
+    if layout != "auto":
+        return layout
+    a, b, c = shape
+    lead = 2 * a <= min(b, c)
+    trail = 2 * c <= min(a, b)
+    if lead != trail:
+        return "chw" if lead else "hwc"
+    raise ValueError(f"3-D array of shape {tuple(shape)}: cannot tell bands-first (C, H, W) from bands-last "
+                     "(H, W, C); pass --npy-layout chw or --npy-layout hwc")
+
+
+def npy_hwc_shape(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
+    """Return (height, width, channels) of a 2-D or 3-D array in the given (or detected) layout."""
     if len(shape) == 2:
         return (shape[0], shape[1], 1)
     if len(shape) == 3:
-        return (shape[1], shape[2], shape[0]) if layout == "chw" else (shape[0], shape[1], shape[2])
-    raise ValueError(f"NPY array of shape {shape}: expected (H, W), (H, W, C) or, with --npy-layout chw, (C, H, W)")
+        if npy_layout_of(shape, layout) == "chw":
+            return (shape[1], shape[2], shape[0])
+        return (shape[0], shape[1], shape[2])
+    raise ValueError(f"array of shape {shape}: expected (H, W), (H, W, C) or (C, H, W)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,50 +51,26 @@ def labels_from_dirs(relpaths: list[str]) -> tuple[list[Source], list[str]]:
     return [Source(p, index[p.split("/", 1)[0]]) for p in relpaths], classes
 
 
-def labels_from_csv(csv_path: Path, data_dir: Path, relpaths: list[str]) -> tuple[list[Source], list[str] | None]:
-    """Read ``relative path,label`` rows; integer labels are kept, names become sorted class indices."""
-    if not csv_path.is_file():
-        raise SourceError(f"{csv_path}: label file not found")
-    rows: dict[str, str] = {}
-    with open(csv_path, newline="", encoding="utf-8") as f:
-        for line_no, row in enumerate(csv.reader(f), start=1):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) < 2:
-                raise SourceError(f"{csv_path} line {line_no}: expected 'relative path,label'")
-            path, label = row[0].strip().replace("\\", "/"), row[1].strip()
-            if line_no == 1 and path.lower() in ("path", "file", "filename", "relative_path", "image"):
-                continue
-            if path in rows:
-                raise SourceError(f"{csv_path} line {line_no}: {path} is labelled twice")
-            if not (data_dir / path).is_file():
-                raise SourceError(f"{csv_path} line {line_no}: {path} names a file missing from {data_dir}")
-            rows[path] = label
-    unlabelled = [p for p in relpaths if p not in rows]
-    if unlabelled:
-        raise SourceError(f"{csv_path}: no label for {len(unlabelled)} image(s): {_some(unlabelled)}")
-    values = [rows[p] for p in relpaths]
-    try:
-        return [Source(p, int(v)) for p, v in zip(relpaths, values)], None
-    except ValueError:
-        classes = sorted(set(values))
-        index = {c: i for i, c in enumerate(classes)}
-        return [Source(p, index[v]) for p, v in zip(relpaths, values)], classes
-
-
-def split_by_source(sources: list[Source], val_fraction: float, seed: int) -> tuple[list[Source], list[Source]]:
+def split_by_source(sources: list[Source], val_fraction: float, seed: int,
+                    stratify: bool = False) -> tuple[list[Source], list[Source]]:
     """Split whole source images into (train, val), deterministic in the seed.
 
     Images are ranked by XXH3-64 of ``"{seed}:{relative path}"``; the first
-    ``round(val_fraction * n)`` go to val. Both lists keep sorted path order.
+    ``round(val_fraction * n)`` go to val. With ``stratify`` this is done within
+    each label separately, so every class is split in the same proportion (a
+    class of one image stays whole; the caller warns). Both lists keep sorted
+    path order. A split may come out empty: the caller refuses that.
     """
     if not 0.0 < val_fraction < 1.0:
         raise SourceError(f"--val-fraction must be between 0 and 1, not {val_fraction}")
-    n_val = round(val_fraction * len(sources))
-    if n_val == 0 or n_val == len(sources):
-        raise SourceError(f"--val-fraction {val_fraction} of {len(sources)} images leaves a split empty")
-    ranked = sorted(sources, key=lambda s: (xxhash.xxh3_64_intdigest(f"{seed}:{s.relpath}".encode()), s.relpath))
-    val_paths = {s.relpath for s in ranked[:n_val]}
+    groups: dict[int | None, list[Source]] = {}
+    for s in sources:
+        groups.setdefault(s.label if stratify else None, []).append(s)
+    val_paths: set[str] = set()
+    for members in groups.values():
+        n_val = round(val_fraction * len(members))
+        ranked = sorted(members, key=lambda s: (xxhash.xxh3_64_intdigest(f"{seed}:{s.relpath}".encode()), s.relpath))
+        val_paths.update(s.relpath for s in ranked[:n_val])
     return [s for s in sources if s.relpath not in val_paths], [s for s in sources if s.relpath in val_paths]
 
 

@@ -19,52 +19,35 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from ._cli_options import UsageError, check_options, parse_hw, parse_size
 from ._dataset_writer import PROGRESS_NAME, PreprocessError, ShardLimits, WriteJob, WriteResult, write_dataset
 from ._dtypes import NUMPY_DTYPES, dtype_name
 from ._encode import EncodeSettings, TileSpec
 from ._format import CODECS, DEFAULT_ZSTD_LEVEL, Field
-from ._images import ImageInfo, ImageReadError, probe_image
+from ._images import PILLOW_MODES
+from ._label_csv import labels_from_csv
 from ._manifest import MANIFEST_NAME
-from ._parallel import ordered_map
-from ._sources import Source, SourceError, find_images, labels_from_csv, labels_from_dirs, split_by_source
+from ._preprocess_plan import (
+    SplitPlan,
+    check_consistent,
+    check_not_empty,
+    class_counts,
+    plan_split,
+    probe_all,
+    warn_lopsided_classes,
+    warn_no_tiles,
+)
+from ._run_record import check_resume_options
+from ._sources import Source, SourceError, find_images, labels_from_dirs, split_by_source
+from ._splits import SPLITS_NAME, write_splits
 from .errors import DatasetError
 
+__all__ = ["UsageError", "build_parser", "main", "parse_hw", "parse_size", "run"]
+
 DEFAULT_SHARD_BYTES = 256 * 10**6
-_OPTIONS_IN_PROVENANCE = ("labels", "labels_from_dirs", "tile_size", "stride", "edge", "layout", "dtype",
-                          "npy_layout", "val_fraction", "seed", "samples_per_shard", "shard_size", "codec", "level",
-                          "skip_bad")
-
-
-class UsageError(Exception):
-    """The command line asks for something impossible; exit status 2."""
-
-
-def parse_size(text: str) -> int:
-    """Parse a byte size such as ``512MB``, ``1.5GiB`` or ``4096``."""
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-    stripped = text.strip().upper()
-    number = stripped.rstrip("KMGTIB")
-    unit = stripped[len(number):]
-    try:
-        value = float(number) * units[unit]
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512MB or 1GiB)") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
-    return int(value)
-
-
-def parse_hw(text: str) -> tuple[int, int]:
-    """Parse ``H`` or ``HxW`` into (height, width)."""
-    parts = text.lower().split("x")
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected H or HxW, not {text!r}") from None
-    if len(values) not in (1, 2) or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive H or HxW, not {text!r}")
-    return (values[0], values[-1])
+_OPTIONS_IN_PROVENANCE = ("labels", "labels_from_dirs", "label_column", "path_column", "tile_size", "stride", "edge",
+                          "layout", "dtype", "npy_layout", "mode", "val_fraction", "seed", "stratify",
+                          "samples_per_shard", "shard_size", "codec", "level", "skip_bad", "h5_dataset", "h5_labels")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,21 +58,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of .png/.jpg/.tif/.npy files, searched recursively")
     p.add_argument("--output-dir", "--output_dir", dest="output_dir", required=True, type=Path)
     labels = p.add_mutually_exclusive_group()
-    labels.add_argument("--labels", type=Path, help="CSV of 'relative path,label' rows")
+    labels.add_argument("--labels", type=Path, help="CSV of 'relative path,label' rows (a header row is detected)")
     labels.add_argument("--labels-from-dirs", action="store_true", help="one sub-folder per class")
+    p.add_argument("--label-column", help="name of the label column in the --labels CSV's header")
+    p.add_argument("--path-column", help="name of the path column in the --labels CSV's header")
     p.add_argument("--tile-size", type=parse_hw, help="cut images into HxW tiles")
     p.add_argument("--stride", type=parse_hw, help="tile stride (default: the tile size)")
-    p.add_argument("--edge", choices=("drop", "pad"), default="drop", help="partial tiles at the edges")
+    p.add_argument("--edge", choices=("drop", "pad"), help="partial tiles at the edges (default: drop)")
     p.add_argument("--layout", choices=("chw", "hwc"), default="chw")
-    p.add_argument("--dtype", choices=sorted(NUMPY_DTYPES), help="cast images (refusing lossy integer casts)")
-    p.add_argument("--npy-layout", choices=("hwc", "chw"), default="hwc", help="how 3-D .npy arrays are laid out")
+    p.add_argument("--dtype", choices=sorted(NUMPY_DTYPES), help="cast images (refusing casts that change values)")
+    p.add_argument("--npy-layout", choices=("auto", "hwc", "chw"), default="auto",
+                   help="how 3-D .npy/.h5 arrays are laid out; auto: a small leading axis is bands-first")
+    p.add_argument("--mode", choices=PILLOW_MODES, default="keep", help="convert PNG/JPEG images to this Pillow mode")
+    p.add_argument("--h5-dataset", help="in .h5/.hdf5 files, the dataset of stacked samples, shape (N, ...)")
+    p.add_argument("--h5-labels", help="in .h5/.hdf5 files, the dataset of labels, shape (N,)")
     p.add_argument("--val-fraction", type=float, help="write train/ and val/, split by source image")
-    p.add_argument("--seed", type=int, default=0, help="seed of the train/val split")
+    p.add_argument("--seed", type=int, help="seed of the train/val split (default: 0)")
+    p.add_argument("--stratify", action=argparse.BooleanOptionalAction, default=None,
+                   help="split by source image within each class (default: on when there are labels)")
     p.add_argument("--samples-per-shard", type=int)
     p.add_argument("--shard-size", type=parse_size,
                    help="target shard size, e.g. 512MB (default 256MB); two shards are held in memory")
     p.add_argument("--codec", choices=list(CODECS), default="raw")
-    p.add_argument("--level", type=int, default=DEFAULT_ZSTD_LEVEL, help="zstd level")
+    p.add_argument("--level", type=int, help=f"zstd level, 1 to 22 (default {DEFAULT_ZSTD_LEVEL})")
     p.add_argument("--workers", type=int, default=1, help="encoding processes; output is identical for any value")
     p.add_argument("--skip-bad", action="store_true", help="skip unreadable images, listing them in the manifest")
     mode = p.add_mutually_exclusive_group()
@@ -102,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _prepare_output(out: Path, overwrite: bool, resume: bool) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
-    ours = [out / MANIFEST_NAME, out / PROGRESS_NAME, *(out / s / n for s in ("train", "val")
+    ours = [out / MANIFEST_NAME, out / PROGRESS_NAME, out / SPLITS_NAME, *(out / s / n for s in ("train", "val")
                                                          for n in (MANIFEST_NAME, PROGRESS_NAME))]
     looks_ours = any(p.exists() for p in ours) or all(p.name.startswith(("shard-", ".shard-")) for p in out.iterdir())
     if resume:
@@ -117,112 +108,105 @@ def _prepare_output(out: Path, overwrite: bool, resume: bool) -> None:
     shutil.rmtree(out)
 
 
-def _probe_all(data_dir: Path, sources: list[Source], npy_layout: str, workers: int,
-               skip_bad: bool) -> tuple[list[Source], list[ImageInfo], list[dict]]:
-    good, infos, bad = [], [], []
-    args = ((data_dir / s.relpath, npy_layout) for s in sources)
-    for src, (info, err) in zip(sources, ordered_map(probe_image, args, workers)):
-        if err is None:
-            assert info is not None
-            good.append(src)
-            infos.append(info)
-        elif isinstance(err, ImageReadError):
-            bad.append({"path": src.relpath, "error": err.reason})
-        else:
-            raise err
-    if bad and not skip_bad:
-        lines = "\n  ".join(f"{data_dir / b['path']}: {b['error']}" for b in bad[:20])
-        more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
-        raise PreprocessError(f"{len(bad)} unreadable image(s) (pass --skip-bad to skip them):\n  {lines}{more}")
-    for b in bad:
-        print(f"skipping {b['path']}: {b['error']}", file=sys.stderr)
-    return good, infos, bad
-
-
-def _check_consistent(sources: list[Source], infos: list[ImageInfo], tiling: bool, cast: str | None) -> ImageInfo:
-    ref = infos[0]
-    checks = [("channels", lambda i: i.channels)]
-    if cast is None:
-        checks.append(("dtype", lambda i: i.dtype))
-    if not tiling:
-        checks.append(("shape", lambda i: (i.height, i.width)))
-    for what, key in checks:
-        odd = [f"{s.relpath} ({key(i)})" for s, i in zip(sources, infos) if key(i) != key(ref)]
-        if odd:
-            listed = "\n  ".join(odd[:20]) + (f"\n  ... and {len(odd) - 20} more" if len(odd) > 20 else "")
-            hint = " (use --tile-size to cut images of any size into tiles)" if what == "shape" else ""
-            raise PreprocessError(f"images differ in {what}: {sources[0].relpath} has {key(ref)}, these differ{hint}:"
-                                  f"\n  {listed}")
-    return ref
-
-
-def run(args: argparse.Namespace) -> list[WriteResult]:
-    """Run preprocess_tiles for parsed arguments; return one result per written dataset."""
-    data_dir: Path = args.data_dir.resolve() if args.data_dir.exists() else args.data_dir
-    if args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, not {args.workers}")
-    if args.samples_per_shard is not None and args.samples_per_shard < 1:
-        raise UsageError(f"--samples-per-shard must be at least 1, not {args.samples_per_shard}")
-    if args.stride and not args.tile_size:
-        raise UsageError("--stride needs --tile-size")
+def _sources_and_classes(args: argparse.Namespace, data_dir: Path) -> tuple[list[Source], list[str] | None]:
     relpaths, others = find_images(data_dir)
     if not relpaths:
-        raise SourceError(f"{data_dir}: no images found (.png, .jpg, .jpeg, .tif, .tiff, .npy)")
+        raise SourceError(f"{data_dir}: no images found (.png, .jpg, .jpeg, .tif, .tiff, .npy, .h5, .hdf5)")
     if others:
         print(f"ignoring {len(others)} file(s) that are not images: {', '.join(others[:5])}"
               + (" ..." if len(others) > 5 else ""), file=sys.stderr)
-    classes = None
     if args.labels_from_dirs:
-        sources, classes = labels_from_dirs(relpaths)
-    elif args.labels:
-        sources, classes = labels_from_csv(args.labels, data_dir, relpaths)
-    else:
-        sources = [Source(p) for p in relpaths]
+        return labels_from_dirs(relpaths)
+    if args.labels:
+        return labels_from_csv(args.labels, data_dir, relpaths, args.path_column, args.label_column)
+    return [Source(p) for p in relpaths], None
+
+
+def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
+    doc = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k in _OPTIONS_IN_PROVENANCE}
+    doc["labels"] = str(args.labels) if args.labels else None
+    return doc
+
+
+def run(args: argparse.Namespace) -> list[WriteResult]:
+    """Run preprocess_tiles for parsed arguments; return one result per written dataset.
+
+    Every option is checked before any image is read; every image is probed
+    before anything is written; a plan with an empty output or split is refused.
+    """
+    check_options(args)
+    data_dir: Path = args.data_dir.resolve() if args.data_dir.exists() else args.data_dir
+    option_doc = _option_doc(args)
+    if args.resume:
+        check_resume_options(args.output_dir, option_doc)
+    sources, classes = _sources_and_classes(args, data_dir)
     _prepare_output(args.output_dir, args.overwrite, args.resume)
 
-    if args.val_fraction is not None:
-        splits = dict(zip(("train", "val"), split_by_source(sources, args.val_fraction, args.seed)))
-    else:
-        splits = {"": sources}
-    good, infos, probe_bad = _probe_all(data_dir, sources, args.npy_layout, args.workers, args.skip_bad)
+    good, infos, probe_bad = probe_all(data_dir, sources, args.npy_layout, args.mode, args.workers, args.skip_bad)
     if not good:
         raise PreprocessError(f"{data_dir}: every image was unreadable")
-    ref = _check_consistent(good, infos, args.tile_size is not None, args.dtype)
-    tiles = TileSpec(args.tile_size, args.stride or args.tile_size, args.edge)
+    ref = check_consistent(good, infos, args.tile_size is not None, args.dtype)
+    tiles = TileSpec(args.tile_size, args.stride or args.tile_size, args.edge or "drop")
+    info_of = {s.relpath: i for s, i in zip(good, infos)}
+    labelled = args.labels is not None or args.labels_from_dirs
+    if args.val_fraction is not None:
+        stratify = labelled if args.stratify is None else args.stratify
+        train, val = split_by_source(sources, args.val_fraction, 0 if args.seed is None else args.seed, stratify)
+        plans = [plan_split("train", train, info_of, tiles), plan_split("val", val, info_of, tiles)]
+    else:
+        plans = [plan_split("", sources, info_of, tiles)]
+    for plan in plans:
+        check_not_empty(plan, tiles, data_dir)
+    for plan in plans:
+        warn_no_tiles(plan, tiles)
+    if len(plans) > 1 and labelled:
+        warn_lopsided_classes(plans, classes)
+
     height, width = args.tile_size or (ref.height, ref.width)
     shape = (ref.channels, height, width) if args.layout == "chw" else (height, width, ref.channels)
     image_dtype = args.dtype or dtype_name(np.dtype(ref.dtype))
-    options = {"level": args.level} if args.codec != "raw" else {}
+    options = {"level": args.level or DEFAULT_ZSTD_LEVEL} if args.codec != "raw" else {}
     fields = [Field("image", image_dtype, shape, args.codec, options)]
-    if args.labels or args.labels_from_dirs:
+    if labelled:
         fields.append(Field("label", "int64", ()))
-    settings = EncodeSettings(str(data_dir), tuple(fields), tiles, args.layout, args.npy_layout)
-    info_of = {s.relpath: i for s, i in zip(good, infos)}
-
+    settings = EncodeSettings(str(data_dir), tuple(fields), tiles, args.layout, args.npy_layout, args.mode)
     limits = ShardLimits(args.samples_per_shard, args.shard_size)
     if limits.samples is None and limits.bytes is None:
         limits.bytes = DEFAULT_SHARD_BYTES
-    option_doc = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                  if k in _OPTIONS_IN_PROVENANCE}
-    option_doc["labels"] = str(args.labels) if args.labels else None
-    extra: dict[str, Any] = {"classes": classes} if classes is not None else {}
     results = []
-    for split, split_sources in splits.items():
-        out = args.output_dir / split if split else args.output_dir
+    for plan in plans:
+        out = args.output_dir / plan.name if plan.name else args.output_dir
         if args.resume and (out / MANIFEST_NAME).exists():
             print(f"{out}: already complete")
             continue
-        provenance = {"tool": f"fastload preprocess_tiles {__version__}", "options": option_doc,
-                      "source_root": str(data_dir), "split": split or None,
-                      "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        usable = [s for s in split_sources if s.relpath in info_of]
-        in_split = {s.relpath for s in split_sources}
-        counts = [len(tiles.grid(info_of[s.relpath].height, info_of[s.relpath].width)) for s in usable]
-        bad = [b for b in probe_bad if b["path"] in in_split]
-        job = WriteJob(out, settings, usable, counts, bad, limits, provenance, extra)
+        provenance = _provenance(option_doc, data_dir, plan.name)
+        bad = [b for b in probe_bad if b["path"] in plan.all_paths]
+        extra: dict[str, Any] = {"classes": classes} if classes is not None else {}
+        if plan.no_tiles:
+            extra["no_tiles"] = plan.no_tiles
+        job = WriteJob(out, settings, plan.sources, plan.tile_counts, bad, limits, provenance, extra)
         results.append(write_dataset(job, args.workers, args.skip_bad, args.resume, not args.no_progress))
+    if len(plans) > 1:
+        index = {p.name: {"path": p.name, "samples": p.samples, "sources": len(p.sources),
+                          "class_counts": class_counts(p, classes) if labelled else None} for p in plans}
+        write_splits(args.output_dir, index, _provenance(option_doc, data_dir, None))
+    _print_plans(plans, classes, labelled)
     return results
 
+
+def _provenance(option_doc: dict[str, Any], data_dir: Path, split: str | None) -> dict[str, Any]:
+    return {"tool": f"fastload preprocess_tiles {__version__}", "options": option_doc,
+            "source_root": str(data_dir), "split": split or None,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _print_plans(plans: list[SplitPlan], classes: list[str] | None, labelled: bool) -> None:
+    for plan in plans:
+        line = f"{plan.name or 'dataset'}: {plan.samples} samples from {len(plan.sources)} source images"
+        if labelled:
+            counts = class_counts(plan, classes)
+            line += "; per class: " + ", ".join(f"{c} {n}" for c, n in counts.items())
+        print(line)
 
 def _summary(results: list[WriteResult], elapsed: float) -> str:
     samples = sum(r.manifest.total for r in results)

@@ -1,0 +1,86 @@
+"""Parsing and checking ``preprocess_tiles`` options before any image is read.
+
+Every option that would be ignored or misread is an error here, so a run
+never starts (and never exits 0) on a misunderstanding: a bare ``--shard-size
+512`` (bytes? megabytes?), a ``--level`` the codec does not have, ``--stride``
+without ``--tile-size``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+ZSTD_LEVELS = (1, 22)  # zstd's range; negative "fast" levels are not exposed
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+class UsageError(Exception):
+    """The command line asks for something impossible; exit status 2."""
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size with its unit, such as ``512MB``, ``1.5GiB`` or ``4096B``.
+
+    A bare number is refused: ``--shard-size 512`` meaning 512 bytes wrote
+    hundreds of one-sample shards without a word.
+    """
+    stripped = text.strip().upper()
+    number = stripped.rstrip("KMGTIB")
+    unit = stripped[len(number):]
+    if not unit:
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit; write e.g. {text.strip()}MB, {text.strip()}KiB "
+                                         f"or {text.strip()}B")
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512MB or 1GiB)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return int(value)
+
+
+def parse_hw(text: str) -> tuple[int, int]:
+    """Parse ``H`` or ``HxW`` into (height, width)."""
+    parts = text.lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected H or HxW, not {text!r}") from None
+    if len(values) not in (1, 2) or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive H or HxW, not {text!r}")
+    return (values[0], values[-1])
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Raise UsageError for an out-of-range value or a combination that would be silently ignored."""
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, not {args.workers}")
+    if args.samples_per_shard is not None and args.samples_per_shard < 1:
+        raise UsageError(f"--samples-per-shard must be at least 1, not {args.samples_per_shard}")
+    if args.level is not None:
+        if args.codec == "raw":
+            raise UsageError(f"--level {args.level} has no effect with --codec raw; pass --codec zstd or "
+                             "zstd-shuffle, or drop --level")
+        lo, hi = ZSTD_LEVELS
+        if not lo <= args.level <= hi:
+            raise UsageError(f"--level {args.level} is out of range for --codec {args.codec}: use {lo} to {hi}")
+    if args.val_fraction is not None and not 0.0 < args.val_fraction < 1.0:
+        raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {args.val_fraction}")
+    needs = [("stride", "--stride", "tile_size", "--tile-size"),
+             ("edge", "--edge", "tile_size", "--tile-size"),
+             ("seed", "--seed", "val_fraction", "--val-fraction"),
+             ("stratify", "--stratify/--no-stratify", "val_fraction", "--val-fraction"),
+             ("label_column", "--label-column", "labels", "--labels"),
+             ("path_column", "--path-column", "labels", "--labels"),
+             ("h5_labels", "--h5-labels", "h5_dataset", "--h5-dataset")]
+    for option, flag, required, required_flag in needs:
+        if getattr(args, option, None) is not None and getattr(args, required, None) is None:
+            raise UsageError(f"{flag} needs {required_flag}")
+    if args.stratify and not (args.labels or args.labels_from_dirs or getattr(args, "h5_labels", None)):
+        raise UsageError("--stratify needs labels (--labels, --labels-from-dirs or --h5-labels)")
+    if getattr(args, "h5_dataset", None) and args.tile_size:
+        raise UsageError("--h5-dataset reads samples that are already cut; it cannot be combined with --tile-size "
+                         "(drop --h5-dataset to tile HDF5 rasters)")
+    if getattr(args, "h5_labels", None) and (args.labels or args.labels_from_dirs):
+        raise UsageError("--h5-labels cannot be combined with --labels or --labels-from-dirs")

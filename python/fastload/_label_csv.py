@@ -1,0 +1,107 @@
+"""Reading a label CSV: header detection, columns by name, integer labels or class names.
+
+A CSV is read as its user means it or refused: ``filename,split,label`` once
+silently took ``split`` as the label. The rules:
+
+- The first row is a header when ``--path-column``/``--label-column`` is given,
+  or when its path cell names no file while the second row's does.
+- With a header, the path column is ``--path-column`` or one of the usual names
+  (path, file, filename, ...), else the first column; the label column is
+  ``--label-column``, else the single column named label/class/target, else the
+  other column of a two-column file. More than two columns and no label column
+  found is an error listing the columns.
+- Without a header, a row is ``path,label``; more columns are an error.
+- Labels that are all integers are kept; otherwise every label is a class name,
+  class ``i`` being the i-th name in sorted order (the class list is saved).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from ._sources import Source, SourceError, _some
+
+_PATH_NAMES = ("path", "file", "filename", "file_name", "relative_path", "relpath", "image", "image_path", "img")
+_LABEL_NAMES = ("label", "class", "target", "category", "class_name", "y")
+
+
+def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
+    if not csv_path.is_file():
+        raise SourceError(f"{csv_path}: label file not found")
+    with open(csv_path, newline="", encoding="utf-8-sig") as f:
+        return [(n, [c.strip() for c in row]) for n, row in enumerate(csv.reader(f), start=1)
+                if row and any(c.strip() for c in row)]
+
+
+def _pick(header: list[str], wanted: str | None, names: tuple[str, ...], what: str, flag: str,
+          csv_path: Path) -> int | None:
+    lowered = [h.lower() for h in header]
+    if wanted is not None:
+        if wanted not in header and wanted.lower() not in lowered:
+            raise SourceError(f"{csv_path}: no column {wanted!r} for {flag}; the header has {header}")
+        return header.index(wanted) if wanted in header else lowered.index(wanted.lower())
+    found = [i for i, h in enumerate(lowered) if h in names]
+    if len(found) > 1:
+        raise SourceError(f"{csv_path}: several columns could be the {what} ({[header[i] for i in found]}); "
+                          f"pass {flag}")
+    return found[0] if found else None
+
+
+def _columns(csv_path: Path, header: list[str] | None, width: int, path_column: str | None,
+             label_column: str | None) -> tuple[int, int]:
+    if header is None:
+        if width > 2:
+            raise SourceError(f"{csv_path}: {width} columns and no header naming the label column; add a header "
+                              "row and pass --label-column NAME (and --path-column NAME)")
+        return 0, 1
+    path_i = _pick(header, path_column, _PATH_NAMES, "path", "--path-column", csv_path)
+    label_i = _pick(header, label_column, _LABEL_NAMES, "label", "--label-column", csv_path)
+    if path_i is None:
+        path_i = 0 if label_i != 0 else 1
+    if label_i is None:
+        if len(header) != 2:
+            raise SourceError(f"{csv_path}: {len(header)} columns {header} and none is named as the label; "
+                              "pass --label-column NAME")
+        label_i = 1 - path_i
+    if path_i == label_i:
+        raise SourceError(f"{csv_path}: the path and label columns are both {header[path_i]!r}")
+    return path_i, label_i
+
+
+def labels_from_csv(csv_path: Path, data_dir: Path, relpaths: list[str], path_column: str | None = None,
+                    label_column: str | None = None) -> tuple[list[Source], list[str] | None]:
+    """Return one labelled Source per image in ``relpaths`` and the class names (None for integer labels)."""
+    rows = _read_rows(csv_path)
+    if not rows:
+        raise SourceError(f"{csv_path}: empty label file")
+    first = rows[0][1]
+    named = path_column is not None or label_column is not None
+    first_is_file = bool(first) and (data_dir / first[0].replace("\\", "/")).is_file()
+    second_is_file = len(rows) > 1 and bool(rows[1][1]) and (data_dir / rows[1][1][0].replace("\\", "/")).is_file()
+    header = first if named or (not first_is_file and (second_is_file or len(rows) == 1)) else None
+    body = rows[1:] if header is not None else rows
+    path_i, label_i = _columns(csv_path, header, max(len(r) for _, r in rows), path_column, label_column)
+    labels: dict[str, str] = {}
+    for line_no, row in body:
+        if len(row) <= max(path_i, label_i):
+            raise SourceError(f"{csv_path} line {line_no}: {len(row)} column(s), expected at least "
+                              f"{max(path_i, label_i) + 1}")
+        path, label = row[path_i].replace("\\", "/"), row[label_i]
+        if path in labels:
+            raise SourceError(f"{csv_path} line {line_no}: {path} is labelled twice")
+        if not (data_dir / path).is_file():
+            raise SourceError(f"{csv_path} line {line_no}: {path} names a file missing from {data_dir}")
+        if not label:
+            raise SourceError(f"{csv_path} line {line_no}: {path} has an empty label")
+        labels[path] = label
+    unlabelled = [p for p in relpaths if p not in labels]
+    if unlabelled:
+        raise SourceError(f"{csv_path}: no label for {len(unlabelled)} image(s): {_some(unlabelled)}")
+    values = [labels[p] for p in relpaths]
+    try:
+        return [Source(p, int(v)) for p, v in zip(relpaths, values)], None
+    except ValueError:
+        classes = sorted(set(values))
+        index = {c: i for i, c in enumerate(classes)}
+        return [Source(p, index[v]) for p, v in zip(relpaths, values)], classes
