@@ -19,6 +19,7 @@ from . import _lmdb_envs
 from ._format import Field, RecordDecodeError, decode_record
 from ._manifest import Manifest, load_manifest
 from ._shard_writer import record_key
+from ._splits import resolve_dataset_path
 from .errors import CorruptRecordError, CorruptShardError, ShardNotFoundError
 
 
@@ -59,8 +60,8 @@ class ShardDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None,
-                 verify_checksums: bool = True) -> None:
-        self.path = Path(path)
+                 verify_checksums: bool = True, split: str | None = None) -> None:
+        self.path = resolve_dataset_path(path, split)  # a root with splits.json needs split=
         self.manifest = load_manifest(self.path)
         check_shard_files(self.path, self.manifest)
         self.fields = select_fields(self.manifest.fields, fields)
@@ -70,6 +71,12 @@ class ShardDataset(torch.utils.data.Dataset):
         for shard in self.manifest.shards:
             self._starts.append(self._starts[-1] + shard.count)
         self._envs: dict[int, Any] = {}
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Return the class names (label ``i`` is ``classes[i]``), or None when labels are plain integers."""
+        classes = self.manifest.extra.get("classes")
+        return [str(c) for c in classes] if isinstance(classes, list) else None
 
     @property
     def schema(self) -> list[Field]:

@@ -20,6 +20,7 @@ from ._native_backend import NATIVE_IMPORT_ERROR, NativeEpoch, NativeSettings, o
 from ._order import EpochOrder
 from ._plan import EpochPlan
 from ._sampler import EpochBatchSampler, EpochSampler
+from ._splits import resolve_dataset_path
 from ._state import check_state, make_state
 from ._torch_backend import OrderBatchSampler, make_dataloader, workers_for_platform
 
@@ -75,6 +76,9 @@ class ShardLoader:
     over :class:`ShardDataset`; ``"auto"`` (or the ``FASTLOAD_BACKEND``
     environment variable) picks native when the extension imports.
 
+    ``split="train"`` opens one split of a dataset root written with
+    ``preprocess_tiles --val-fraction`` (a root with ``splits.json``).
+
     Without ``rank``/``world_size`` the split follows ``torch.distributed``
     as it is when a pass starts (a loader may be built before
     ``init_process_group``); each rank reads its disjoint part of every epoch
@@ -104,7 +108,12 @@ class ShardLoader:
         world_size: int | None = None,
         even_batches: bool = True,
         device: str | torch.device | None = None,
+        split: str | None = None,
     ) -> None:
+        if split is not None:  # a dataset root with splits.json: pick one split's directory
+            if not isinstance(path_or_dataset, (str, os.PathLike)):
+                raise ValueError(f"split={split!r} needs a dataset root path, not a {type(path_or_dataset).__name__}")
+            path_or_dataset = resolve_dataset_path(path_or_dataset, split)
         self.batch_size = _positive_int("batch_size", batch_size)
         if isinstance(path_or_dataset, ShardDataset):
             self.dataset = path_or_dataset if fields is None else ShardDataset(path_or_dataset.path, fields,
