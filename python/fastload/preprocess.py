@@ -125,6 +125,15 @@ def _sources_and_classes(args: argparse.Namespace, data_dir: Path) -> tuple[list
 def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
     doc = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k in _OPTIONS_IN_PROVENANCE}
     doc["labels"] = str(args.labels) if args.labels else None
+    # Effective values, so that spelling out a default does not count as a change on --resume.
+    labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
+    if args.tile_size:
+        doc["edge"] = args.edge or "drop"
+    if args.val_fraction is not None:
+        doc["seed"] = 0 if args.seed is None else args.seed
+        doc["stratify"] = labelled if args.stratify is None else args.stratify
+    if args.codec != "raw":
+        doc["level"] = DEFAULT_ZSTD_LEVEL if args.level is None else args.level
     return doc
 
 
@@ -150,8 +159,7 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
     info_of = {s.relpath: i for s, i in zip(good, infos)}
     labelled = args.labels is not None or args.labels_from_dirs
     if args.val_fraction is not None:
-        stratify = labelled if args.stratify is None else args.stratify
-        train, val = split_by_source(sources, args.val_fraction, 0 if args.seed is None else args.seed, stratify)
+        train, val = split_by_source(sources, args.val_fraction, option_doc["seed"], option_doc["stratify"])
         plans = [plan_split("train", train, info_of, tiles), plan_split("val", val, info_of, tiles)]
     else:
         plans = [plan_split("", sources, info_of, tiles)]
@@ -165,7 +173,7 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
     height, width = args.tile_size or (ref.height, ref.width)
     shape = (ref.channels, height, width) if args.layout == "chw" else (height, width, ref.channels)
     image_dtype = args.dtype or dtype_name(np.dtype(ref.dtype))
-    options = {"level": args.level or DEFAULT_ZSTD_LEVEL} if args.codec != "raw" else {}
+    options = {"level": option_doc["level"]} if args.codec != "raw" else {}
     fields = [Field("image", image_dtype, shape, args.codec, options)]
     if labelled:
         fields.append(Field("label", "int64", ()))

@@ -1,0 +1,57 @@
+"""--resume with other options than the recorded run is refused, naming each option and both values."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+
+@pytest.fixture(scope="session")
+def scenes(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("scenes")
+    for i in range(4):
+        np.save(d / f"s{i}.npy", np.full((128, 128), 10 * i, np.uint16))
+    return d
+
+
+def preprocess(data: Path, out: Path, *options: str):
+    return run_cli("preprocess_tiles", "--data-dir", str(data), "--output-dir", str(out), "--no-progress", *options)
+
+
+def test_resume_of_a_finished_run_with_other_options_is_refused(tmp_path, scenes):
+    out = tmp_path / "o"
+    assert preprocess(scenes, out, "--tile-size", "128").returncode == 0
+    r = preprocess(scenes, out, "--tile-size", "64", "--codec", "zstd", "--resume")
+    assert r.returncode == 2
+    assert "--resume with options that differ from the recorded run" in r.stderr
+    assert "--tile-size: recorded 128x128, now 64x64" in r.stderr
+    assert "--codec: recorded raw, now zstd" in r.stderr and "--overwrite" in r.stderr
+    assert "already complete" not in r.stdout
+    same = preprocess(scenes, out, "--tile-size", "128", "--resume")
+    assert same.returncode == 0 and "already complete" in same.stdout
+
+
+def test_resume_of_an_interrupted_run_with_other_options_is_refused(tmp_path, scenes):
+    data = tmp_path / "data"
+    data.mkdir()
+    for p in scenes.iterdir():
+        (data / p.name).write_bytes(p.read_bytes())
+    np.save(data / "s9.npy", np.full((128, 128), 300, np.uint16))  # does not fit uint8: the run stops here
+    out = tmp_path / "o"
+    r = preprocess(data, out, "--dtype", "uint8", "--samples-per-shard", "1")
+    assert r.returncode == 1 and "s9.npy" in r.stderr
+    assert len(json.loads((out / ".progress.json").read_text())["shards"]) == 4
+    r = preprocess(data, out, "--dtype", "uint16", "--samples-per-shard", "2", "--resume")
+    assert r.returncode == 2
+    assert "--dtype: recorded uint8, now uint16" in r.stderr and "--samples-per-shard: recorded 1, now 2" in r.stderr
+
+
+def test_resume_of_a_split_root_with_other_options_is_refused(tmp_path, scenes):
+    out = tmp_path / "o"
+    assert preprocess(scenes, out, "--val-fraction", "0.5").returncode == 0
+    r = preprocess(scenes, out, "--val-fraction", "0.25", "--resume")
+    assert r.returncode == 2 and "--val-fraction: recorded 0.5, now 0.25" in r.stderr
+    r = preprocess(scenes, out, "--val-fraction", "0.5", "--seed", "1", "--resume")
+    assert r.returncode == 2 and "--seed: recorded 0, now 1" in r.stderr
