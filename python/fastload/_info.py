@@ -7,11 +7,26 @@ import platform
 from pathlib import Path
 
 from ._manifest import load_manifest
+from ._splits import read_splits
 
 
 def describe_dataset(directory: str | os.PathLike) -> str:
-    """Return a human-readable summary of a dataset: schema, counts and sizes."""
-    directory = Path(directory)
+    """Return a human-readable summary of a dataset, or of every split of a root with ``splits.json``."""
+    splits = read_splits(directory)
+    if splits is None:
+        return _describe_one(Path(directory))
+    lines = [f"dataset root {directory}: splits {', '.join(splits)}"]
+    for name, entry in splits.items():
+        line = f"  {name}: {entry.get('samples')} samples from {entry.get('sources')} source images"
+        if entry.get("class_counts"):
+            line += "; per class: " + ", ".join(f"{c} {n}" for c, n in entry["class_counts"].items())
+        lines.append(line)
+    for name, entry in splits.items():
+        lines.append(f"[{name}] " + _describe_one(Path(directory) / str(entry["path"])))
+    return "\n".join(lines)
+
+
+def _describe_one(directory: Path) -> str:
     m = load_manifest(directory)
     shard_bytes = sum(s.bytes for s in m.shards)
     decoded = m.total * sum(f.nbytes for f in m.fields)
@@ -24,6 +39,8 @@ def describe_dataset(directory: str | os.PathLike) -> str:
         lines.append(f"    {f.name}: {f.dtype} {list(f.shape)} codec {f.codec}{opts}")
     if m.extra.get("classes"):
         lines.append(f"  classes: {', '.join(m.extra['classes'])}")
+    if m.extra.get("no_tiles"):
+        lines.append(f"  source files smaller than the tile (no tiles): {len(m.extra['no_tiles'])}")
     if m.extra.get("skipped"):
         lines.append(f"  skipped source files: {len(m.extra['skipped'])}")
     if m.provenance:
