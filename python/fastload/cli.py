@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ._info import describe_dataset, describe_installation
-from ._verify import find_problems
+from ._splits import split_dirs
+from ._verify import VerifyReport, verify_dataset
 from .errors import FastloadError
 
 
@@ -15,7 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fastload", description="Inspect and check fastload shard datasets.")
     sub = parser.add_subparsers(dest="command", required=True)
     verify = sub.add_parser("verify", help="check the manifest, shard hashes and every record's checksum")
-    verify.add_argument("directory")
+    verify.add_argument("directory", help="a dataset, or a root with splits.json (every split is checked)")
+    verify.add_argument("--jobs", type=int, default=1, help="shards checked in parallel (threads)")
+    verify.add_argument("--no-progress", action="store_true", help="no progress bar")
     info = sub.add_parser("info", help="describe a dataset, or this installation when no directory is given")
     info.add_argument("directory", nargs="?")
     bench = sub.add_parser("bench", help="sweep thread counts over a dataset and recommend one")
@@ -37,21 +41,36 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.command == "verify":
-        problems = 0
-        for line in find_problems(args.directory):
-            print(line)
-            problems += 1
-        if problems:
-            print(f"{args.directory}: {problems} problem(s)", file=sys.stderr)
-            return 1
-        print(f"{args.directory}: OK")
-        return 0
+        return _verify(args.directory, args.jobs, not args.no_progress)
     try:
         print(describe_dataset(args.directory) if args.directory else describe_installation())
     except FastloadError as err:
         print(f"fastload: error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _verify(directory: str, jobs: int, progress: bool) -> int:
+    """Verify a dataset or every split of a root: one line per problem, then a summary; return the exit status."""
+    if jobs < 1:
+        print(f"fastload: error: --jobs must be at least 1, not {jobs}", file=sys.stderr)
+        return 2
+    try:
+        splits = split_dirs(directory)
+    except FastloadError as err:
+        print(err)
+        return 1
+    targets = {directory: Path(directory)} if splits is None else {f"{directory} [{n}]": d for n, d in splits.items()}
+    total = VerifyReport()
+    for name, path in targets.items():
+        report = verify_dataset(path, jobs, progress, on_problem=print)
+        if len(targets) > 1:
+            print(report.summary(name))
+        for attr in ("shards", "records", "bytes", "seconds"):
+            setattr(total, attr, getattr(total, attr) + getattr(report, attr))
+        total.problems += report.problems
+    print(total.summary(directory))
+    return 0 if total.ok else 1
 
 
 if __name__ == "__main__":
