@@ -74,7 +74,7 @@ def test_info_and_verify_on_a_split_root(split_root):
 def test_no_stratify_without_labels_and_stratify_needs_labels(tmp_path, classes_dir):
     r = run_cli("preprocess_tiles", "--data-dir", str(classes_dir), "--output-dir", str(tmp_path / "o"),
                 "--val-fraction", "0.4", "--stratify")
-    assert r.returncode == 2 and "--stratify needs labels" in r.stderr
+    assert r.returncode == 2 and "--stratify needs one label per source file" in r.stderr
 
 
 def test_interrupted_split_root_is_explained(tmp_path, split_root):

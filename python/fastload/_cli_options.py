@@ -77,10 +77,13 @@ def check_options(args: argparse.Namespace) -> None:
     for option, flag, required, required_flag in needs:
         if getattr(args, option, None) is not None and getattr(args, required, None) is None:
             raise UsageError(f"{flag} needs {required_flag}")
-    if args.stratify and not (args.labels or args.labels_from_dirs or getattr(args, "h5_labels", None)):
-        raise UsageError("--stratify needs labels (--labels, --labels-from-dirs or --h5-labels)")
+    if args.stratify and not (args.labels or args.labels_from_dirs):
+        raise UsageError("--stratify needs one label per source file (--labels or --labels-from-dirs)")
     if getattr(args, "h5_dataset", None) and args.tile_size:
         raise UsageError("--h5-dataset reads samples that are already cut; it cannot be combined with --tile-size "
                          "(drop --h5-dataset to tile HDF5 rasters)")
+    if getattr(args, "h5_dataset", None) and (args.layout or args.mode != "keep"):
+        raise UsageError("--h5-dataset stores samples as they are in the HDF5 file; --layout and --mode do not "
+                         "apply")
     if getattr(args, "h5_labels", None) and (args.labels or args.labels_from_dirs):
         raise UsageError("--h5-labels cannot be combined with --labels or --labels-from-dirs")

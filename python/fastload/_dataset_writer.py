@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import xxhash
 from tqdm import tqdm
 
-from ._encode import EncodeSettings, encode_source
+from ._encode import encode_source
 from ._images import ImageReadError
 from ._manifest import MANIFEST_NAME, Manifest, ShardInfo, file_hash, write_json_atomic
 from ._parallel import ordered_map
@@ -38,18 +39,35 @@ class ShardLimits:
     bytes: int | None = None
 
 
+# A task: (source index, first sample of that source, arguments of the encode function).
+Task = tuple[int, int, tuple]
+
+
 @dataclass
 class WriteJob:
-    """One dataset to write: where, from which sources, with which settings."""
+    """One dataset to write: where, from which sources, with which settings.
+
+    By default each source is an image file encoded whole by ``encode_source``.
+    Other inputs (HDF5 stacks, torch or HuggingFace datasets) give their own
+    ``tasks`` (source index, first sample, encode arguments), their ``encode``
+    function, and a ``stamp`` identifying their content for ``--resume``;
+    ``tile_counts`` is None when the number of samples is unknown (an
+    iterable dataset).
+    """
 
     out_dir: Path
-    settings: EncodeSettings
+    settings: Any
     sources: list[Source]
-    tile_counts: list[int]
+    tile_counts: list[int] | None
     probe_skipped: list[dict]
     limits: ShardLimits
     provenance: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    tasks: Callable[[tuple[int, int]], Iterator[Task]] | None = None
+    encode: Callable[..., list[bytes]] = encode_source
+    stamp: str | None = None
+    worker_init: tuple[Callable[..., None], tuple] | None = None
+    unit: str = "tile"
 
 
 @dataclass
@@ -65,6 +83,9 @@ def _fingerprint(job: WriteJob) -> str:
     h = xxhash.xxh3_128()
     h.update(json.dumps(job.provenance.get("options", {}), sort_keys=True).encode())
     h.update(json.dumps([f.to_json() for f in job.settings.fields], sort_keys=True).encode())
+    if job.stamp is not None:
+        h.update(job.stamp.encode())
+        return h.hexdigest()
     for s in job.sources:
         st = os.stat(os.path.join(job.settings.data_dir, s.relpath))
         h.update(f"{s.relpath}|{s.label}|{st.st_size}|{st.st_mtime_ns}\n".encode())
@@ -123,10 +144,11 @@ def _clean_partial_files(out_dir: Path, keep: set[str]) -> None:
             path.unlink()
 
 
-def _tasks(job: WriteJob, start: tuple[int, int]) -> Iterator[tuple]:
+def _image_tasks(job: WriteJob, start: tuple[int, int]) -> Iterator[Task]:
     for i in range(start[0], len(job.sources)):
         src = job.sources[i]
-        yield (job.settings, src.relpath, src.label, start[1] if i == start[0] else 0)
+        first = start[1] if i == start[0] else 0
+        yield (i, first, (job.settings, src.relpath, src.label, first))
 
 
 def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, progress: bool = True) -> WriteResult:
@@ -145,11 +167,12 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
 
     record_bytes = sum(f.nbytes for f in job.settings.fields)
-    planned = sum(job.tile_counts)
+    counts = job.tile_counts
+    planned = sum(counts) if counts is not None else None
     done = sum(e["count"] for e in journal.entries)
     current: list[bytes] = []
     current_size = 0
-    bar = tqdm(total=planned, initial=done, unit="tile", desc=out_dir.name, disable=not progress or None,
+    bar = tqdm(total=planned, initial=done, unit=job.unit, desc=out_dir.name, disable=not progress or None,
                dynamic_ncols=True)
 
     # Shards are written (LMDB, compacting copy, hash, journal) by one writer
@@ -174,20 +197,29 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         shard_index += 1
         current, current_size = [], 0
 
+    def after(index: int, t: int) -> tuple[int, int]:  # the position after sample t of source index
+        return (index + 1, 0) if counts is not None and t + 1 == counts[index] else (index, t + 1)
+
+    outcomes: Iterator[tuple[list[bytes] | None, BaseException | None]] = iter(())
     try:
-        outcomes = ordered_map(encode_source, _tasks(job, start), workers)
-        for offset, (records, error) in enumerate(outcomes):
-            index = start[0] + offset
-            first_tile = start[1] if offset == 0 else 0
+        tasks, metas = itertools.tee((job.tasks or (lambda p: _image_tasks(job, p)))(start))
+        init = job.worker_init
+        outcomes = ordered_map(job.encode, (args for _, _, args in tasks), workers,
+                               *(init if init is not None else ()))
+        skipping = -1
+        for (index, first_tile, _), (records, error) in zip(metas, outcomes):
             src = job.sources[index]
+            if index == skipping:
+                continue
             if error is not None:
                 if not isinstance(error, ImageReadError):
                     raise PreprocessError(f"{src.relpath}: {type(error).__name__}: {error}") from error
-                if not skip_bad:
+                if not skip_bad or first_tile != (start[1] if index == start[0] else 0) or counts is None:
                     raise PreprocessError(str(error)) from error
                 tqdm.write(f"skipping {src.relpath}: {error.reason}")
                 journal.skipped.append({"index": index, "path": src.relpath, "error": error.reason})
-                bar.update(job.tile_counts[index] - first_tile)
+                bar.update(counts[index] - first_tile)
+                skipping = index
                 continue
             assert records is not None
             for t, record in enumerate(records, start=first_tile):
@@ -196,33 +228,38 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
                 current.append(record)
                 current_size += len(record)
                 if job.limits.samples and len(current) == job.limits.samples:
-                    last = t + 1 == first_tile + len(records)
-                    flush(index + 1 if last else index, 0 if last else t + 1)
+                    flush(*after(index, t))
             bar.update(len(records))
         if current:
             flush(len(job.sources), 0)
         if pending is not None:
             pending.result()
     finally:
+        close = getattr(outcomes, "close", None)
+        if close is not None:
+            close()  # shuts the worker pool down now, also on an error
         writer.shutdown(wait=True)  # a shard already being written finishes and stays journaled
         bar.close()
 
     skipped_paths = {s["path"] for s in journal.skipped}
-    sources_doc, first = [], 0
-    for src, tiles in zip(job.sources, job.tile_counts):
-        if src.relpath in skipped_paths:
-            continue
-        sources_doc.append({"path": src.relpath, "first_sample": first, "samples": tiles})
-        first += tiles
+    extra = {**job.extra}
     shards = journal.shards()
-    manifest = Manifest(fields=list(job.settings.fields), shards=shards, provenance=job.provenance,
-                        extra={**job.extra, "sources": sources_doc,
-                               "skipped": job.probe_skipped + [{"path": s["path"], "error": s["error"]}
-                                                               for s in journal.skipped]})
-    if manifest.total != first:
-        raise PreprocessError(f"{out_dir}: wrote {manifest.total} samples but the sources add up to {first}")
+    total = sum(s.count for s in shards)
+    if counts is not None:
+        sources_doc, first = [], 0
+        for src, tiles in zip(job.sources, counts):
+            if src.relpath in skipped_paths:
+                continue
+            sources_doc.append({"path": src.relpath, "first_sample": first, "samples": tiles})
+            first += tiles
+        if total != first:
+            raise PreprocessError(f"{out_dir}: wrote {total} samples but the sources add up to {first}")
+        extra["sources"] = sources_doc
+    extra["skipped"] = job.probe_skipped + [{"path": s["path"], "error": s["error"]} for s in journal.skipped]
+    manifest = Manifest(fields=list(job.settings.fields), shards=shards, provenance=job.provenance, extra=extra)
     write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
     journal.path.unlink(missing_ok=True)
+    data_dir = getattr(job.settings, "data_dir", None)
     used = [src for src in job.sources if src.relpath not in skipped_paths]
-    source_bytes = sum(os.path.getsize(os.path.join(job.settings.data_dir, s.relpath)) for s in used)
+    source_bytes = sum(os.path.getsize(os.path.join(data_dir, s.relpath)) for s in used) if data_dir else 0
     return WriteResult(manifest, source_bytes, manifest.total * record_bytes)

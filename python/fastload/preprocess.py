@@ -24,9 +24,11 @@ from ._dataset_writer import PROGRESS_NAME, PreprocessError, ShardLimits, WriteJ
 from ._dtypes import NUMPY_DTYPES, dtype_name
 from ._encode import EncodeSettings, TileSpec
 from ._format import CODECS, DEFAULT_ZSTD_LEVEL, Field
+from ._hdf5 import StackInfo, StackSettings
 from ._images import PILLOW_MODES
 from ._label_csv import labels_from_csv
 from ._manifest import MANIFEST_NAME
+from ._preprocess_h5 import probe_stacks, stack_fields, stack_job, stack_plan
 from ._preprocess_plan import (
     SplitPlan,
     check_consistent,
@@ -65,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tile-size", type=parse_hw, help="cut images into HxW tiles")
     p.add_argument("--stride", type=parse_hw, help="tile stride (default: the tile size)")
     p.add_argument("--edge", choices=("drop", "pad"), help="partial tiles at the edges (default: drop)")
-    p.add_argument("--layout", choices=("chw", "hwc"), default="chw")
+    p.add_argument("--layout", choices=("chw", "hwc"), help="layout of image samples (default: chw)")
     p.add_argument("--dtype", choices=sorted(NUMPY_DTYPES), help="cast images (refusing casts that change values)")
     p.add_argument("--npy-layout", choices=("auto", "hwc", "chw"), default="auto",
                    help="how 3-D .npy/.h5 arrays are laid out; auto: a small leading axis is bands-first")
@@ -126,7 +128,9 @@ def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
     doc = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k in _OPTIONS_IN_PROVENANCE}
     doc["labels"] = str(args.labels) if args.labels else None
     # Effective values, so that spelling out a default does not count as a change on --resume.
-    labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
+    labelled = bool(args.labels or args.labels_from_dirs)
+    if not args.h5_dataset:
+        doc["layout"] = args.layout or "chw"
     if args.tile_size:
         doc["edge"] = args.edge or "drop"
     if args.val_fraction is not None:
@@ -151,33 +155,40 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
     sources, classes = _sources_and_classes(args, data_dir)
     _prepare_output(args.output_dir, args.overwrite, args.resume)
 
-    good, infos, probe_bad = probe_all(data_dir, sources, args.npy_layout, args.mode, args.workers, args.skip_bad)
-    if not good:
-        raise PreprocessError(f"{data_dir}: every image was unreadable")
-    ref = check_consistent(good, infos, args.tile_size is not None, args.dtype)
-    tiles = TileSpec(args.tile_size, args.stride or args.tile_size, args.edge or "drop")
-    info_of = {s.relpath: i for s, i in zip(good, infos)}
-    labelled = args.labels is not None or args.labels_from_dirs
-    if args.val_fraction is not None:
-        train, val = split_by_source(sources, args.val_fraction, option_doc["seed"], option_doc["stratify"])
-        plans = [plan_split("train", train, info_of, tiles), plan_split("val", val, info_of, tiles)]
+    labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
+    options = {"level": option_doc["level"]} if args.codec != "raw" else {}
+    stacks: dict[str, StackInfo] | None = None
+    if args.h5_dataset:
+        stacks, probe_bad = probe_stacks(data_dir, sources, args.h5_dataset, args.h5_labels, args.workers,
+                                         args.skip_bad)
+        fields = stack_fields(next(iter(stacks.values())), args.dtype, args.codec, options, labelled)
+        settings: Any = StackSettings(str(data_dir), fields, args.h5_dataset, args.h5_labels)
+        tiles = TileSpec()
+        plans = [stack_plan(name, part, stacks) for name, part in _split(args, sources, option_doc)]
     else:
-        plans = [plan_split("", sources, info_of, tiles)]
+        good, infos, probe_bad = probe_all(data_dir, sources, args.npy_layout, args.mode, args.workers,
+                                           args.skip_bad)
+        if not good:
+            raise PreprocessError(f"{data_dir}: every image was unreadable")
+        ref = check_consistent(good, infos, args.tile_size is not None, args.dtype)
+        tiles = TileSpec(args.tile_size, args.stride or args.tile_size, args.edge or "drop")
+        info_of = {s.relpath: i for s, i in zip(good, infos)}
+        plans = [plan_split(name, part, info_of, tiles) for name, part in _split(args, sources, option_doc)]
+        height, width = args.tile_size or (ref.height, ref.width)
+        layout = args.layout or "chw"
+        shape = (ref.channels, height, width) if layout == "chw" else (height, width, ref.channels)
+        image_dtype = args.dtype or dtype_name(np.dtype(ref.dtype))
+        fields = (Field("image", image_dtype, shape, args.codec, options),)
+        if labelled:
+            fields += (Field("label", "int64", ()),)
+        settings = EncodeSettings(str(data_dir), fields, tiles, layout, args.npy_layout, args.mode)
     for plan in plans:
         check_not_empty(plan, tiles, data_dir)
     for plan in plans:
         warn_no_tiles(plan, tiles)
-    if len(plans) > 1 and labelled:
+    if len(plans) > 1 and labelled and not args.h5_labels:
         warn_lopsided_classes(plans, classes)
 
-    height, width = args.tile_size or (ref.height, ref.width)
-    shape = (ref.channels, height, width) if args.layout == "chw" else (height, width, ref.channels)
-    image_dtype = args.dtype or dtype_name(np.dtype(ref.dtype))
-    options = {"level": option_doc["level"]} if args.codec != "raw" else {}
-    fields = [Field("image", image_dtype, shape, args.codec, options)]
-    if labelled:
-        fields.append(Field("label", "int64", ()))
-    settings = EncodeSettings(str(data_dir), tuple(fields), tiles, args.layout, args.npy_layout, args.mode)
     limits = ShardLimits(args.samples_per_shard, args.shard_size)
     if limits.samples is None and limits.bytes is None:
         limits.bytes = DEFAULT_SHARD_BYTES
@@ -193,13 +204,23 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         if plan.no_tiles:
             extra["no_tiles"] = plan.no_tiles
         job = WriteJob(out, settings, plan.sources, plan.tile_counts, bad, limits, provenance, extra)
+        if stacks is not None:
+            job = stack_job(job, settings, stacks)
         results.append(write_dataset(job, args.workers, args.skip_bad, args.resume, not args.no_progress))
     if len(plans) > 1:
+        per_class = labelled and not args.h5_labels
         index = {p.name: {"path": p.name, "samples": p.samples, "sources": len(p.sources),
-                          "class_counts": class_counts(p, classes) if labelled else None} for p in plans}
+                          "class_counts": class_counts(p, classes) if per_class else None} for p in plans}
         write_splits(args.output_dir, index, _provenance(option_doc, data_dir, None))
-    _print_plans(plans, classes, labelled)
+    _print_plans(plans, classes, labelled and not args.h5_labels)
     return results
+
+
+def _split(args: argparse.Namespace, sources: list[Source], option_doc: dict[str, Any]) -> list[tuple[str, list]]:
+    if args.val_fraction is None:
+        return [("", sources)]
+    train, val = split_by_source(sources, args.val_fraction, option_doc["seed"], option_doc["stratify"])
+    return [("train", train), ("val", val)]
 
 
 def _provenance(option_doc: dict[str, Any], data_dir: Path, split: str | None) -> dict[str, Any]:
