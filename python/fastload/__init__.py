@@ -35,6 +35,7 @@ _LAZY = {
     "create_dataloader": "._helpers",
     "seed_everything": "._helpers",
     "write_arrays": "._array_writer",
+    "write_dataset": "._convert",
 }
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "create_dataloader",
     "seed_everything",
     "write_arrays",
+    "write_dataset",
 ]
 
 
@@ -75,6 +77,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from ._array_writer import write_arrays
+    from ._convert import write_dataset
     from ._datamodule import ShardDataModule
     from ._dataset import ShardDataset
     from ._format import Field

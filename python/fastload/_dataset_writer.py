@@ -21,7 +21,7 @@ from ._manifest import MANIFEST_NAME, Manifest, ShardInfo, file_hash, write_json
 from ._parallel import ordered_map
 from ._shard_writer import write_shard
 from ._sources import Source
-from .errors import DatasetError
+from .errors import DatasetError, FastloadError
 
 PROGRESS_NAME = ".progress.json"
 _DELAY_ENV = "FASTLOAD_TEST_SHARD_DELAY"  # tests: seconds to sleep after each shard
@@ -212,6 +212,8 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             if index == skipping:
                 continue
             if error is not None:
+                if isinstance(error, FastloadError):  # a typed error (a schema mismatch) travels as it is
+                    raise error
                 if not isinstance(error, ImageReadError):
                     raise PreprocessError(f"{src.relpath}: {type(error).__name__}: {error}") from error
                 if not skip_bad or first_tile != (start[1] if index == start[0] else 0) or counts is None:

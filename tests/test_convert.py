@@ -1,0 +1,155 @@
+"""write_dataset: torch, HuggingFace and plain iterables into shards, through the preprocess writer."""
+
+import json
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastload
+from fastload.errors import SchemaMismatchError
+
+
+def tile(i: int) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 255, size=(3, 16, 16), dtype=np.uint8)
+
+
+class Tiles(torch.utils.data.Dataset):
+    def __init__(self, n: int = 300, fail_at: int | None = None, odd_at: int | None = None) -> None:
+        self.n, self.fail_at, self.odd_at = n, fail_at, odd_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.fail_at:
+            raise OSError(f"disk gone at {i}")
+        image = torch.from_numpy(tile(i))
+        if i == self.odd_at:
+            image = image[:, :8]
+        return image, i % 5
+
+
+class StreamedTiles(torch.utils.data.IterableDataset):
+    def __init__(self, n: int = 300, odd_at: int | None = None, cut_at: int | None = None) -> None:
+        self.n, self.odd_at, self.cut_at = n, odd_at, cut_at
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i == self.cut_at:
+                raise OSError("stream cut")
+            image = tile(i) if i != self.odd_at else tile(i).astype(np.float32)
+            yield {"image": image, "label": np.int64(i % 5), "weight": float(i) / 2}
+
+
+def shard_bytes(out: Path) -> list[bytes]:
+    return [p.read_bytes() for p in sorted(out.glob("*.lmdb"))]
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    from fastload import _convert
+
+    monkeypatch.setattr(_convert, "CHUNK_BYTES", 30 * 3 * 16 * 16)  # about 30 samples per task
+
+
+def test_map_style_torch_dataset_is_identical_for_any_worker_count(tmp_path):
+    outs = []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        m = fastload.write_dataset(Tiles(), out, codec="zstd", samples_per_shard=64, workers=workers,
+                                   names=("image", "label"), progress=False)
+        assert m.total == 300 and len(m.shards) == 5
+        outs.append(out)
+    assert shard_bytes(outs[0]) == shard_bytes(outs[1])
+    ds = fastload.ShardDataset(outs[1])
+    assert [(f.name, f.dtype, f.shape, f.codec) for f in ds.schema] == [("image", "uint8", (3, 16, 16), "zstd"),
+                                                                         ("label", "int64", (), "raw")]
+    for i in (0, 29, 30, 150, 299):
+        assert np.array_equal(ds[i]["image"].numpy(), tile(i)) and int(ds[i]["label"]) == i % 5
+
+
+def test_iterable_torch_dataset_with_dict_samples(tmp_path):
+    a = fastload.write_dataset(StreamedTiles(), tmp_path / "a", shard_size="50KB", workers=2, progress=False)
+    fastload.write_dataset(StreamedTiles(), tmp_path / "b", shard_size="50KB", workers=1, progress=False)
+    assert a.total == 300 and len(a.shards) > 3 and shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b")
+    ds = fastload.ShardDataset(tmp_path / "a")
+    assert ds.schema[2].dtype == "float64" and float(ds[7]["weight"]) == 3.5
+    assert np.array_equal(ds[123]["image"].numpy(), tile(123))
+
+
+def test_huggingface_datasets_map_style_and_iterable(tmp_path):
+    hf = datasets.Dataset.from_dict({"image": [tile(i) for i in range(40)], "label": [i % 3 for i in range(40)]})
+    m = fastload.write_dataset(hf, tmp_path / "map", samples_per_shard=16, workers=2, progress=False)
+    assert m.total == 40 and [f.name for f in m.fields] == ["image", "label"]
+    ds = fastload.ShardDataset(tmp_path / "map")
+    assert np.array_equal(ds[33]["image"].numpy(), tile(33)) and int(ds[33]["label"]) == 0
+    it = fastload.write_dataset(hf.to_iterable_dataset(), tmp_path / "it", samples_per_shard=16, progress=False)
+    assert it.total == 40 and shard_bytes(tmp_path / "it") == shard_bytes(tmp_path / "map")
+
+
+def test_generator_of_pil_images_and_scalars(tmp_path):
+    def samples():
+        for i in range(10):
+            yield Image.fromarray(tile(i).transpose(1, 2, 0)), i * 1.5
+
+    m = fastload.write_dataset(samples(), tmp_path / "o", samples_per_shard=4, names=["image", "score"],
+                               progress=False)
+    assert m.total == 10 and m.fields[0].shape == (16, 16, 3)
+    ds = fastload.ShardDataset(tmp_path / "o")
+    assert np.array_equal(ds[9]["image"].numpy(), tile(9).transpose(1, 2, 0)) and float(ds[9]["score"]) == 13.5
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_schema_mismatch_names_sample_and_field(tmp_path, workers):
+    with pytest.raises(SchemaMismatchError, match=r"sample 77 field 'image': shape \(3, 8, 16\), the schema "
+                                                  r"\(from sample 0\) has \(3, 16, 16\)"):
+        fastload.write_dataset(Tiles(odd_at=77), tmp_path / f"m{workers}", samples_per_shard=50,
+                               names=("image", "label"), workers=workers, progress=False)
+    with pytest.raises(SchemaMismatchError, match=r"sample 201 field 'image': dtype float32, the schema .* uint8"):
+        fastload.write_dataset(StreamedTiles(odd_at=201), tmp_path / f"i{workers}", samples_per_shard=50,
+                               workers=workers, progress=False)
+    assert not (tmp_path / f"i{workers}" / "manifest.json").exists()
+
+
+def test_interrupted_write_resumes_to_the_same_bytes(tmp_path):
+    reference = tmp_path / "ref"
+    fastload.write_dataset(Tiles(), reference, samples_per_shard=40, names=("image", "label"), progress=False)
+    out = tmp_path / "out"
+    with pytest.raises(Exception, match="disk gone at 250"):
+        fastload.write_dataset(Tiles(fail_at=250), out, samples_per_shard=40, names=("image", "label"),
+                               workers=2, progress=False)
+    journal = json.loads((out / ".progress.json").read_text())
+    assert 3 <= len(journal["shards"]) < 8 and not (out / "manifest.json").exists()
+    with pytest.raises(ValueError, match=r"samples-per-shard: recorded 40, now 50"):
+        fastload.write_dataset(Tiles(), out, samples_per_shard=50, names=("image", "label"), resume=True)
+    m = fastload.write_dataset(Tiles(), out, samples_per_shard=40, names=("image", "label"), resume=True,
+                               progress=False)
+    assert m.total == 300 and shard_bytes(out) == shard_bytes(reference)
+
+
+def test_iterable_resume_skips_what_is_written(tmp_path):
+    reference = tmp_path / "ref"
+    fastload.write_dataset(StreamedTiles(), reference, samples_per_shard=64, progress=False)
+
+    with pytest.raises(OSError, match="stream cut"):
+        fastload.write_dataset(StreamedTiles(cut_at=200), tmp_path / "o", samples_per_shard=64, progress=False)
+    m = fastload.write_dataset(StreamedTiles(), tmp_path / "o", samples_per_shard=64, resume=True, progress=False)
+    assert m.total == 300 and shard_bytes(tmp_path / "o") == shard_bytes(reference)
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="dataset is empty"):
+        fastload.write_dataset(Tiles(n=0), tmp_path / "e")
+    with pytest.raises(ValueError, match="no unit"):
+        fastload.write_dataset(Tiles(), tmp_path / "s", shard_size="512")
+    with pytest.raises(ValueError, match="level 30 is not valid"):
+        fastload.write_dataset(Tiles(), tmp_path / "l", codec="zstd", level=30)
+    with pytest.raises(SchemaMismatchError, match="sample 0 field 'name': a str cannot be stored"):
+        fastload.write_dataset([{"name": "x"}], tmp_path / "t")
+    fastload.write_dataset(Tiles(n=5), tmp_path / "x", names=("image", "label"), progress=False)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        fastload.write_dataset(Tiles(n=5), tmp_path / "x", names=("image", "label"))
