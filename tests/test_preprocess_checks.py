@@ -131,3 +131,31 @@ def test_every_unreadable_image_is_listed_in_one_pass(tmp_path, mixed_sizes):
     assert ok.returncode == 0
     skipped = json.loads((tmp_path / "s" / "manifest.json").read_text())["skipped"]
     assert sorted(s["path"] for s in skipped) == ["b_truncated.png", "c_truncated.jpg", "d.tif", "e_garbage.png"]
+
+
+def corrupt_png_data(png: bytes) -> bytes:
+    """Scramble the compressed pixels but keep every chunk CRC valid: only decoding finds it."""
+    import struct
+    import zlib
+
+    at = png.index(b"IDAT") - 4
+    length = struct.unpack(">I", png[at:at + 4])[0]
+    body = bytes((b * 7 + 13) % 256 for b in png[at + 8:at + 8 + length])
+    chunk = png[at:at + 4] + b"IDAT" + body + struct.pack(">I", zlib.crc32(b"IDAT" + body))
+    return png[:at] + chunk + png[at + 12 + length:]
+
+
+def test_images_failing_only_in_decoding_are_all_listed(tmp_path, mixed_sizes):
+    data = tmp_path / "data"
+    data.mkdir()
+    png = (mixed_sizes / "astronaut.png").read_bytes()
+    for name in ("a.png", "c.png", "e.png"):
+        (data / name).write_bytes(png)
+    for name in ("b.png", "d.png"):
+        (data / name).write_bytes(corrupt_png_data(png))
+    r = preprocess(data, tmp_path / "o", "--tile-size", "256", "--samples-per-shard", "4")
+    assert r.returncode == 1
+    assert "2 image(s) failed to decode" in r.stderr and "b.png" in r.stderr and "d.png" in r.stderr
+    assert "--skip-bad" in r.stderr and "--resume" in r.stderr
+    assert not (tmp_path / "o" / "manifest.json").exists()
+    assert len(json.loads((tmp_path / "o" / ".progress.json").read_text())["shards"]) == 1  # a.png's 4 tiles

@@ -207,6 +207,7 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         outcomes = ordered_map(job.encode, (args for _, _, args in tasks), workers,
                                *(init if init is not None else ()))
         skipping = -1
+        failures: list[str] = []
         for (index, first_tile, _), (records, error) in zip(metas, outcomes):
             src = job.sources[index]
             if index == skipping:
@@ -216,14 +217,20 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
                     raise error
                 if not isinstance(error, ImageReadError):
                     raise PreprocessError(f"{src.relpath}: {type(error).__name__}: {error}") from error
-                if not skip_bad or first_tile != (start[1] if index == start[0] else 0) or counts is None:
-                    raise PreprocessError(str(error)) from error
+                whole = first_tile == (start[1] if index == start[0] else 0)
+                if counts is None or not (skip_bad and whole):
+                    if job.tasks is not None:
+                        raise PreprocessError(str(error)) from error
+                    failures.append(str(error))  # keep decoding (writing nothing more) to list every bad image
+                    continue
                 tqdm.write(f"skipping {src.relpath}: {error.reason}")
                 journal.skipped.append({"index": index, "path": src.relpath, "error": error.reason})
                 bar.update(counts[index] - first_tile)
                 skipping = index
                 continue
             assert records is not None
+            if failures:
+                continue
             for t, record in enumerate(records, start=first_tile):
                 if job.limits.bytes and current and current_size + len(record) > job.limits.bytes:
                     flush(index, t)
@@ -232,6 +239,13 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
                 if job.limits.samples and len(current) == job.limits.samples:
                     flush(*after(index, t))
             bar.update(len(records))
+        if failures:
+            if pending is not None:
+                pending.result()
+            more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+            raise PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; "
+                                  "the shards before it are kept for --resume); fix or remove them, or pass "
+                                  "--skip-bad:\n  " + "\n  ".join(failures[:20]) + more)
         if current:
             flush(len(job.sources), 0)
         if pending is not None:
