@@ -48,7 +48,8 @@ def test_ambiguous_npy_is_an_error_naming_the_file(tmp_path):
     data.mkdir()
     np.save(data / "cube.npy", np.zeros((64, 64, 64), np.uint8))
     r = preprocess(data, tmp_path / "o")
-    assert r.returncode == 1 and "cube.npy" in r.stderr and "pass --npy-layout chw or --npy-layout hwc" in r.stderr
+    assert r.returncode == 1 and "cube.npy: 3-D array of shape (64, 64, 64)" in r.stderr
+    assert "pass --npy-layout chw or --npy-layout hwc" in r.stderr and "ValueError" not in r.stderr
     assert preprocess(data, tmp_path / "p", "--npy-layout", "chw").returncode == 0
 
 

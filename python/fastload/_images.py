@@ -21,6 +21,10 @@ _PILLOW_CONVERT = {"1": "L", "P": None, "PA": "RGBA", "YCbCr": "RGB", "LAB": "RG
 _CHANNEL_AXES = "SCQIZ"  # tifffile axis codes that can stand for bands
 
 
+class LayoutError(ValueError):
+    """A 3-D array's layout cannot be told from its shape; the message asks for --npy-layout."""
+
+
 class ImageReadError(Exception):
     """A source file could not be read; carries its path."""
 
@@ -89,6 +93,8 @@ def probe_image(path: str | os.PathLike, npy_layout: str = "auto", mode: str = "
         return ImageInfo(*npy_hwc_shape(arr.shape, npy_layout), dtype=arr.dtype.name)
     except ImageReadError:
         raise
+    except LayoutError as err:
+        raise ImageReadError(path, str(err)) from None
     except Exception as err:  # every reader has its own exception types
         raise ImageReadError(path, f"unreadable image ({type(err).__name__}: {err})") from None
 
@@ -122,6 +128,8 @@ def read_image(path: str | os.PathLike, npy_layout: str = "auto", mode: str = "k
         return np.ascontiguousarray(arr)
     except ImageReadError:
         raise
+    except LayoutError as err:
+        raise ImageReadError(path, str(err)) from None
     except Exception as err:
         raise ImageReadError(path, f"unreadable image ({type(err).__name__}: {err})") from None
 
@@ -218,7 +226,7 @@ def npy_layout_of(shape: tuple[int, ...], layout: str) -> str:
     trail = 2 * c <= min(a, b)
     if lead != trail:
         return "chw" if lead else "hwc"
-    raise ValueError(f"3-D array of shape {tuple(shape)}: cannot tell bands-first (C, H, W) from bands-last "
+    raise LayoutError(f"3-D array of shape {tuple(shape)}: cannot tell bands-first (C, H, W) from bands-last "
                      "(H, W, C); pass --npy-layout chw or --npy-layout hwc")
 
 
