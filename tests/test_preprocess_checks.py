@@ -159,3 +159,10 @@ def test_images_failing_only_in_decoding_are_all_listed(tmp_path, mixed_sizes):
     assert "--skip-bad" in r.stderr and "--resume" in r.stderr
     assert not (tmp_path / "o" / "manifest.json").exists()
     assert len(json.loads((tmp_path / "o" / ".progress.json").read_text())["shards"]) == 1  # a.png's 4 tiles
+
+
+def test_a_split_without_any_image_is_an_error(tmp_path, mixed_sizes):
+    r = preprocess(mixed_sizes, tmp_path / "o", "--tile-size", "64", "--val-fraction", "0.1")  # 0.3 images: none
+    assert r.returncode == 1
+    assert "split 'val' would hold 0 samples: no source image falls into it" in r.stderr
+    assert "change --val-fraction" in r.stderr and not (tmp_path / "o").exists()

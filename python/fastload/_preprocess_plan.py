@@ -102,10 +102,12 @@ def check_not_empty(plan: SplitPlan, tiles: TileSpec, data_dir: Path) -> None:
     what = f"split {plan.name!r}" if plan.name else "the output"
     if plan.samples:
         return
-    if not plan.sources:
-        raise PreprocessError(f"{what} would hold 0 samples: none of its source images is readable "
-                              f"(under {data_dir})")
-    assert tiles.tile is not None
+    if not plan.all_paths:
+        raise PreprocessError(f"{what} would hold 0 samples: no source image falls into it (the split is by whole "
+                              "image, rounded); change --val-fraction or add images")
+    if not plan.sources or tiles.tile is None:
+        raise PreprocessError(f"{what} would hold 0 samples: none of its {len(plan.all_paths)} source file(s) is "
+                              f"readable (under {data_dir})")
     th, tw = tiles.tile
     small = [f"{d['path']} ({d['height']}x{d['width']})" for d in plan.no_tiles]
     raise PreprocessError(f"{what} would hold 0 samples: its {len(small)} image(s) are smaller than --tile-size "
