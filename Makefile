@@ -12,7 +12,7 @@ ASAN_PRELOAD = $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-
 ASAN_ENV     = PYTHONPATH=$(ASAN_SITE) LD_PRELOAD="$(ASAN_PRELOAD)" \
                ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
-.PHONY: install system-deps demo test test-asan test-cpp bench bench-quick lint clean
+.PHONY: install system-deps demo test test-gpu test-asan test-cpp bench bench-quick lint clean
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,10 @@ demo: install
 
 test: install test-cpp
 	$(PY) -m pytest tests
+
+# The tests that need a GPU (marker `cuda`); without CUDA they are reported as skipped.
+test-gpu: install
+	$(PY) -m pytest tests -m cuda -ra
 
 # The C++ core's own tests, and the Python suite against an ASan+UBSan build.
 test-cpp: install

@@ -91,13 +91,13 @@ class PyBatchReader {
     return *reader_;
   }
 
-  void add_slot(const py::buffer& buffer) {
+  void add_slot(const py::buffer& buffer, bool reusable) {
     py::buffer_info info = buffer.request(true);
     const auto bytes = static_cast<size_t>(info.size * info.itemsize);
     if (info.ndim != 1 || info.strides[0] != info.itemsize) {
       throw py::value_error("add_slot: the buffer must be one-dimensional and contiguous");
     }
-    reader().pool()->add(static_cast<uint8_t*>(info.ptr), bytes, std::make_shared<GilObject>(buffer));
+    reader().pool()->add(static_cast<uint8_t*>(info.ptr), bytes, std::make_shared<GilObject>(buffer), reusable);
   }
 
   void submit(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices) {
@@ -107,7 +107,7 @@ class PyBatchReader {
     r.submit(std::move(copy));
   }
 
-  py::list next() {
+  CompletedBatch wait() {
     BatchReader& r = reader();
     std::optional<CompletedBatch> batch;
     while (!batch) {
@@ -117,13 +117,32 @@ class PyBatchReader {
       }
       if (!batch && PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
-    py::object base = py::cast(SlotLease{batch->slot});
+    return std::move(*batch);
+  }
+
+  // The oldest batch's sample count, its slot released: for callers that view
+  // the (single-use) slot memory they added themselves.
+  size_t next_count() { return wait().count; }
+
+  std::vector<size_t> field_offsets() {
+    BatchReader& r = reader();
+    std::vector<size_t> offsets;
+    for (size_t f = 0; f < dtypes_.size(); ++f) {
+      if (r.decodes_field(f)) offsets.push_back(r.field_offset(f));
+    }
+    return offsets;
+  }
+
+  py::list next() {
+    BatchReader& r = reader();
+    const CompletedBatch batch = wait();
+    py::object base = py::cast(SlotLease{batch.slot});
     py::list arrays;
     for (size_t f = 0; f < dtypes_.size(); ++f) {
       if (!r.decodes_field(f)) continue;
-      std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(batch->count)};
+      std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(batch.count)};
       shape.insert(shape.end(), shapes_[f].begin(), shapes_[f].end());
-      arrays.append(py::array(dtypes_[f], shape, {}, batch->slot->data + r.field_offset(f), base));
+      arrays.append(py::array(dtypes_[f], shape, {}, batch.slot->data + r.field_offset(f), base));
     }
     return arrays;
   }
@@ -313,9 +332,11 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("pending", [](PyBatchReader& r) { return r.reader().pending(); })
       .def_property_readonly("ready", [](PyBatchReader& r) { return r.reader().ready(); })
       .def_property_readonly("closed", [](PyBatchReader& r) { return r.reader().closed(); })
-      .def("add_slot", &PyBatchReader::add_slot, py::arg("buffer"))
+      .def_property_readonly("field_offsets", &PyBatchReader::field_offsets)
+      .def("add_slot", &PyBatchReader::add_slot, py::arg("buffer"), py::arg("reusable") = true)
       .def("submit", &PyBatchReader::submit, py::arg("indices"))
       .def("next", &PyBatchReader::next)
+      .def("next_count", &PyBatchReader::next_count)
       .def("close", &PyBatchReader::close)
       .def("stats", [](PyBatchReader& r) { return stats_dict(r.reader().stats()); })
       .def("reset_stats", [](PyBatchReader& r) { r.reader().reset_stats(); });

@@ -6,7 +6,7 @@
 
 namespace fastload {
 
-void SlotPool::add(uint8_t* data, size_t size, std::shared_ptr<void> owner) {
+void SlotPool::add(uint8_t* data, size_t size, std::shared_ptr<void> owner, bool reusable) {
   if (size < slot_bytes_) {
     throw FastloadError("slot of " + std::to_string(size) + " bytes is smaller than the " +
                         std::to_string(slot_bytes_) + " a batch needs");
@@ -15,6 +15,7 @@ void SlotPool::add(uint8_t* data, size_t size, std::shared_ptr<void> owner) {
   slot->data = data;
   slot->size = size;
   slot->owner = std::move(owner);
+  slot->reusable = reusable;
   std::lock_guard<std::mutex> lock(mutex_);
   free_.push_back(std::move(slot));
   ++total_;
@@ -33,8 +34,22 @@ std::shared_ptr<Slot> SlotPool::try_acquire() {
   // it back to a living pool, or frees it.
   return std::shared_ptr<Slot>(slot.release(), [pool](Slot* raw) {
     std::unique_ptr<Slot> owned(raw);
-    if (auto alive = pool.lock()) alive->give_back(std::move(owned));
+    auto alive = pool.lock();
+    if (!alive) return;
+    if (owned->reusable) {
+      alive->give_back(std::move(owned));
+    } else {
+      alive->retire(std::move(owned));
+    }
   });
+}
+
+void SlotPool::retire(std::unique_ptr<Slot> slot) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --total_;
+  }
+  slot.reset();  // releases the owner outside the lock
 }
 
 void SlotPool::give_back(std::unique_ptr<Slot> slot) {

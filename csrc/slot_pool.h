@@ -4,8 +4,15 @@
 // handle that keeps that memory alive), so the Python side decides where
 // batch memory comes from (plain or page-locked). acquire() hands out a slot
 // as a shared_ptr; when the last copy is dropped (for example when the user
-// drops the last tensor viewing the batch) the slot returns to the pool, or
-// is freed if the pool is gone. A steady loop therefore allocates nothing.
+// drops the last tensor viewing the batch) a reusable slot returns to the
+// pool, or is freed if the pool is gone. A steady loop therefore allocates
+// nothing.
+//
+// A single-use slot (reusable = false) is handed out once and then freed
+// (its owner released): page-locked batches use them, because a non_blocking
+// host-to-device copy may still read a batch after its last tensor is gone;
+// only the owner's allocator (torch's caching host allocator, which tracks
+// those copies) may decide when that memory is written again.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
@@ -22,6 +29,7 @@ struct Slot {
   uint8_t* data = nullptr;
   size_t size = 0;
   std::shared_ptr<void> owner;  // keeps `data` alive
+  bool reusable = true;         // false: freed, not pooled, after its one use
 };
 
 class SlotPool : public std::enable_shared_from_this<SlotPool> {
@@ -30,19 +38,22 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
 
   size_t slot_bytes() const noexcept { return slot_bytes_; }
 
-  // Adds a slot of at least slot_bytes() bytes at `data`, kept alive by `owner`.
+  // Adds a slot of at least slot_bytes() bytes at `data`, kept alive by `owner`;
+  // with reusable = false it is freed after one use instead of returning.
   // Throws FastloadError when it is too small.
-  void add(uint8_t* data, size_t size, std::shared_ptr<void> owner);
+  void add(uint8_t* data, size_t size, std::shared_ptr<void> owner, bool reusable = true);
 
   // A free slot, or nullptr when every slot is in use. The pool must be
   // owned by a shared_ptr.
   std::shared_ptr<Slot> try_acquire();
 
   size_t free_count() const;
+  // Slots the pool holds: free ones plus those handed out and not yet back.
   size_t total_count() const;
 
  private:
   void give_back(std::unique_ptr<Slot> slot);
+  void retire(std::unique_ptr<Slot> slot);
 
   const size_t slot_bytes_;
   mutable std::mutex mutex_;

@@ -1,4 +1,7 @@
-"""The device transfer's logic, with fake CUDA operations (this machine has no GPU)."""
+"""The device transfer's logic and the pinned-memory bound, with fake CUDA operations and a fake pinned allocator.
+
+The same paths run for real on a GPU in tests/test_cuda.py.
+"""
 
 import gc
 import weakref
@@ -7,7 +10,7 @@ import pytest
 import torch
 
 from fastload import ShardLoader
-from fastload._device import prefetch_to_device, resolve_device
+from fastload._device import DevicePrefetcher, resolve_device
 
 
 class FakeEvent:
@@ -37,6 +40,9 @@ class FakeOps:
         self.log.append(("wait", event.name))
         event.done = True
 
+    def elapsed_s(self, event):
+        return 0.001
+
 
 def host_batches(n, refs):
     for i in range(n):
@@ -47,14 +53,15 @@ def host_batches(n, refs):
 
 def test_next_copy_starts_before_a_batch_is_handed_over():
     ops, refs = FakeOps(), []
-    out = list(prefetch_to_device(host_batches(3, refs), ops))
+    out = list(DevicePrefetcher(host_batches(3, refs), ops))
     assert [int(b["x"][0]) for b in out] == [0, 1, 2]
-    assert ops.log[:4] == [("copy", 0), ("copy", 1), ("hand_over", 0), ("copy", 2)]
+    # the fake copies never finish by themselves: with two in flight, the third waits for the first
+    assert ops.log[:5] == [("copy", 0), ("copy", 1), ("hand_over", 0), ("wait", 0), ("copy", 2)]
 
 
 def test_host_batch_lives_until_its_copy_finished():
     ops, refs = FakeOps(), []
-    it = prefetch_to_device(host_batches(4, refs), ops)
+    it = DevicePrefetcher(host_batches(4, refs), ops)
     next(it)
     gc.collect()
     assert refs[0]() is not None  # copy 0 not finished: its pinned buffer must not be reused
@@ -67,22 +74,111 @@ def test_host_batch_lives_until_its_copy_finished():
 
 def test_closing_early_waits_for_copies_in_flight():
     ops, refs = FakeOps(), []
-    it = prefetch_to_device(host_batches(5, refs), ops)
+    it = DevicePrefetcher(host_batches(5, refs), ops)
     next(it)
     it.close()
     assert ("wait", 0) in ops.log and ("wait", 1) in ops.log
 
 
 def test_empty_input():
-    assert list(prefetch_to_device(iter(()), FakeOps())) == []
+    assert list(DevicePrefetcher(iter(()), FakeOps())) == []
 
 
-def test_device_arguments_without_cuda(small_dataset):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA (tests/test_cuda.py)")
+def test_device_cuda_without_cuda_is_refused(small_dataset):
+    with pytest.raises(ValueError, match="needs CUDA"):
+        ShardLoader(small_dataset, device="cuda")
+
+
+def test_device_arguments(small_dataset):
     assert resolve_device(None) is None and resolve_device("cpu") is None
     with pytest.raises(ValueError, match="not supported"):
         resolve_device("meta")
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="needs CUDA"):
-            ShardLoader(small_dataset, device="cuda")
     batch = next(iter(ShardLoader(small_dataset, batch_size=4, device="cpu")))
     assert batch["image"].device.type == "cpu"
+
+
+def test_copies_in_flight_are_capped_by_waiting_for_the_oldest():
+    ops, refs = FakeOps(), []
+    it = DevicePrefetcher(host_batches(6, refs), ops, max_copies_in_flight=2)
+    for _ in range(4):
+        next(it)
+        assert it.copies_in_flight <= 2
+    assert [e for e in ops.log if e[0] == "wait"] == [("wait", 0), ("wait", 1), ("wait", 2)]
+    s = it.stats()
+    assert s["h2d_s"] == pytest.approx(0.003) and s["h2d_bytes"] == 3 * 4 * 8 and s["copy_wait_s"] >= 0
+    with pytest.raises(ValueError, match="at least 1"):
+        DevicePrefetcher(iter(()), ops, max_copies_in_flight=0)
+
+
+class TrackingAllocator:
+    """Stands in for torch's pinned allocator: plain memory, every buffer's lifetime tracked."""
+
+    def __init__(self):
+        self.buffers = []  # weak references to the numpy memory behind each buffer
+
+    def __call__(self, nbytes):
+        import numpy as np
+
+        memory = np.empty(nbytes, dtype=np.uint8)
+        memory.fill(0xAB)
+        self.buffers.append(weakref.ref(memory))
+        return torch.from_numpy(memory)
+
+    def live(self, collect=False):
+        if collect:
+            gc.collect()
+        return sum(ref() is not None for ref in self.buffers)
+
+
+class LaggingOps(FakeOps):
+    """A GPU that never finishes a copy on its own: the loader must wait for the oldest."""
+
+    def copy(self, batch):
+        event = FakeEvent(len(self.events))
+        self.events.append(event)
+        return {k: v.clone() for k, v in batch.items()}, event
+
+
+def test_pinned_batches_are_views_of_one_fresh_allocation_each(small_dataset):
+    alloc = TrackingAllocator()
+    loader = ShardLoader(small_dataset, batch_size=8, shuffle=True, seed=3, num_threads=2, prefetch=3)
+    loader._host_allocator = alloc
+    reference = list(ShardLoader(small_dataset, batch_size=8, shuffle=True, seed=3, num_threads=1))
+    kept = []
+    for i, batch in enumerate(loader):
+        memory = alloc.buffers[i]()
+        assert memory is not None
+        # zero-copy views of the allocator's own storage, so torch's allocator tracks copies from them
+        for tensor in batch.values():
+            assert tensor.untyped_storage().data_ptr() == memory.ctypes.data
+        kept.append(batch)
+    assert len(alloc.buffers) == len(reference)  # one allocation per batch: fastload never recycles pinned memory
+    assert conftest_equal(kept, reference)  # batches kept across steps were never rewritten
+    del kept, batch, tensor, memory
+    assert alloc.live(collect=True) == 0
+
+
+def test_pinned_memory_is_bounded_when_copies_lag(small_dataset):
+    alloc, ops = TrackingAllocator(), LaggingOps()
+    loader = ShardLoader(small_dataset, batch_size=4, num_threads=2, prefetch=3)
+    loader._host_allocator, loader._transfer_ops = alloc, ops
+    peak, batches = 0, 0
+    for batch in loader:
+        assert batch["image"].shape[1:] == (3, 8, 8)
+        peak = max(peak, alloc.live())
+        batches += 1
+    assert batches == len(loader) and len(alloc.buffers) == batches
+    assert peak == loader.prefetch + loader.max_copies_in_flight  # reached, never exceeded: the loader waited
+    assert sum(1 for e in ops.log if e[0] == "wait") >= batches - loader.max_copies_in_flight
+    s = loader.stats()
+    for key in ("read_s", "copy_s", "decompress_s", "h2d_s", "copy_wait_s", "h2d_bytes"):
+        assert key in s, key
+    assert s["read_s"] > 0 and s["h2d_bytes"] == 103 * (3 * 8 * 8 + 8)
+    assert alloc.live(collect=True) == 0
+
+
+def conftest_equal(a, b):
+    from conftest import batches_equal
+
+    return batches_equal(a, b)

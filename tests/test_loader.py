@@ -117,9 +117,12 @@ def test_argument_errors(small_dataset, tmp_path):
         ShardLoader(tmp_path / "nothing")
     with pytest.raises(TypeError, match="dataset directory or a ShardDataset"):
         ShardLoader(42)
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="pin_memory=True needs CUDA"):
-            ShardLoader(small_dataset, pin_memory=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA (tests/test_cuda.py)")
+def test_pin_memory_without_cuda_is_refused(small_dataset):
+    with pytest.raises(ValueError, match="pin_memory=True needs CUDA"):
+        ShardLoader(small_dataset, pin_memory=True)
 
 
 def test_backend_from_environment(small_dataset, monkeypatch):

@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "permutation.h"
 #include "record_decoder.h"
+#include "slot_pool.h"
 
 using namespace fastload;
 
@@ -116,9 +117,39 @@ void test_permutation() {
   CHECK(same_ac < 20);
 }
 
+void test_slot_pool() {
+  auto pool = std::make_shared<SlotPool>(16);
+  std::vector<uint8_t> a(16), b(32);
+  auto owner_a = std::make_shared<int>(1), owner_b = std::make_shared<int>(2);
+  std::weak_ptr<int> weak_a = owner_a, weak_b = owner_b;
+  pool->add(a.data(), a.size(), std::move(owner_a), /*reusable=*/true);
+  pool->add(b.data(), b.size(), std::move(owner_b), /*reusable=*/false);
+  CHECK(pool->total_count() == 2 && pool->free_count() == 2);
+  auto first = pool->try_acquire();
+  auto second = pool->try_acquire();
+  CHECK(first && second && !pool->try_acquire());
+  const bool single_use_first = first->data == b.data();
+  auto& single = single_use_first ? first : second;
+  single.reset();  // a single-use slot is freed, never pooled again
+  CHECK(weak_b.expired());
+  CHECK(pool->total_count() == 1 && pool->free_count() == 0);
+  (single_use_first ? second : first).reset();  // a reusable slot comes back
+  CHECK(pool->free_count() == 1 && !weak_a.expired());
+  auto again = pool->try_acquire();
+  CHECK(again && again->data == a.data());
+  bool threw = false;
+  try {
+    pool->add(a.data(), 8, nullptr);
+  } catch (const FastloadError&) {
+    threw = true;
+  }
+  CHECK(threw);
+}
+
 }  // namespace
 
 int main() {
+  test_slot_pool();
   test_round_trip_and_truncation();
   test_permutation();
   if (failures == 0) std::printf("core_tests: all passed\n");

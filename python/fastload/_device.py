@@ -1,16 +1,26 @@
-"""Copying batches to a device one batch ahead, on a side stream, without unsafe reuse of pinned memory.
+"""Copying batches to a device one batch ahead, on a side stream, with a bounded number of copies in flight.
 
-``prefetch_to_device`` starts the copy of batch k+1 before it hands batch k
+``DevicePrefetcher`` starts the copy of batch k+1 before it hands batch k
 over, so the copy overlaps the training step. The user gets batch k only after
-the current stream has been told to wait for its copy (a CUDA event), and the
-pinned host batch stays referenced, keeping its pool slot out of reuse, until
-that copy has finished. The CUDA calls sit behind ``CudaOps`` so the logic is
-tested without a GPU (``tests/test_device.py``) and on one by
-``benchmarks/gpu_check.py``.
+the current stream has been told to wait for its copy (a CUDA event). The
+pinned host batch stays referenced until its copy has finished, and at most
+``max_copies_in_flight`` copies are queued: with a GPU that lags, the loader
+waits for the oldest copy instead of allocating more page-locked memory. The
+host batches are views of torch pinned allocations (``_pinned.py``), so torch's
+caching host allocator also keeps each block until the copies recorded on it
+are done. The CUDA calls sit behind ``TransferOps`` so the logic is tested
+without a GPU (``tests/test_device.py``) and on one by ``tests/test_cuda.py``.
+
+Page-locked memory held by a loader with ``device=``: at most ``prefetch``
+batches submitted to the workers plus ``max_copies_in_flight`` batches being
+copied; blocks freed while later copies were still queued on the side stream
+become reusable once those copies finish (at most ``max_copies_in_flight - 1``
+more). Each batch is one block of ``pinned_block_bytes(slot bytes)``.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -35,6 +45,9 @@ class TransferOps(Protocol):
     def wait(self, event: Any) -> None:
         """Block until the copy marked by ``event`` is complete."""
 
+    def elapsed_s(self, event: Any) -> float:
+        """Return the device time the completed copy marked by ``event`` took."""
+
 
 class CudaOps:
     """TransferOps on a CUDA device with one side stream."""
@@ -44,27 +57,33 @@ class CudaOps:
         self.stream = torch.cuda.Stream(device)
 
     def copy(self, batch: Batch) -> tuple[Batch, Any]:
-        """Copy on the side stream with ``non_blocking=True``; record an event after it."""
+        """Copy on the side stream with ``non_blocking=True``; return events before and after it."""
         with torch.cuda.stream(self.stream):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.stream)
             out = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        return out, event
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(self.stream)
+        return out, (start, end)
 
     def hand_over(self, batch: Batch, event: Any) -> None:
         """Order the current stream after the copy and tell the allocator it uses the tensors."""
         current = torch.cuda.current_stream(self.device)
-        current.wait_event(event)
+        current.wait_event(event[1])
         for tensor in batch.values():
             tensor.record_stream(current)
 
     def finished(self, event: Any) -> bool:
         """Return whether the copy marked by ``event`` is complete."""
-        return bool(event.query())
+        return bool(event[1].query())
 
     def wait(self, event: Any) -> None:
         """Block until the copy marked by ``event`` is complete."""
-        event.synchronize()
+        event[1].synchronize()
+
+    def elapsed_s(self, event: Any) -> float:
+        """Return the device time between the copy's start and end events (both complete)."""
+        return float(event[0].elapsed_time(event[1])) * 1e-3
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device | None:
@@ -81,33 +100,104 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
     return dev
 
 
-def prefetch_to_device(batches: Iterator[Batch], ops: TransferOps) -> Iterator[Batch]:
-    """Yield device copies of ``batches``, one copy ahead; keep each host batch until its copy is done."""
-    in_flight: deque[tuple[Batch, Any]] = deque()  # host batches whose copies may still run
-    try:
-        host = next(batches, None)
+class DevicePrefetcher:
+    """Yields device copies of ``batches``, one copy ahead, at most ``max_copies_in_flight`` copies queued.
+
+    ``stats()`` adds to the inner iterator's counters ``h2d_s`` (GPU time of
+    the copies that completed), ``h2d_bytes``, and ``copy_wait_s`` (time the
+    consumer blocked on a copy, because the cap was reached or at close).
+    """
+
+    def __init__(self, batches: Iterator[Batch], ops: TransferOps, max_copies_in_flight: int = 2) -> None:
+        if max_copies_in_flight < 1:
+            raise ValueError(f"max_copies_in_flight must be at least 1, not {max_copies_in_flight}")
+        self._batches: Iterator[Batch] | None = batches
+        self._source = batches  # kept after close for its stats
+        self._ops = ops
+        self._cap = max_copies_in_flight
+        self._in_flight: deque[tuple[Batch, Any]] = deque()  # host batches whose copies may still run
+        self._ahead: tuple[Batch, Any] | None = None  # the device batch copied next, and its event
+        self._started = False
+        self._h2d_s = 0.0
+        self._h2d_bytes = 0
+        self._copy_wait_s = 0.0
+
+    def __iter__(self) -> DevicePrefetcher:
+        return self
+
+    @property
+    def copies_in_flight(self) -> int:
+        """Return how many host batches are held because their copies may still run."""
+        return len(self._in_flight)
+
+    def _retire_oldest(self) -> None:
+        host, event = self._in_flight.popleft()
+        self._h2d_s += self._ops.elapsed_s(event)
+        self._h2d_bytes += sum(t.nbytes for t in host.values())
+
+    def _retire_finished(self) -> None:
+        while self._in_flight and self._ops.finished(self._in_flight[0][1]):
+            self._retire_oldest()
+
+    def _wait_oldest(self) -> None:
+        start = time.perf_counter()
+        self._ops.wait(self._in_flight[0][1])
+        self._copy_wait_s += time.perf_counter() - start
+        self._retire_oldest()
+
+    def _copy_next(self) -> tuple[Batch, Any] | None:
+        self._retire_finished()
+        while len(self._in_flight) >= self._cap:
+            self._wait_oldest()
+        host = next(self._batches, None) if self._batches is not None else None
         if host is None:
-            return
-        device_batch, event = ops.copy(host)
-        in_flight.append((host, event))
-        while True:
-            host = next(batches, None)
-            following = None
-            if host is not None:
-                following = ops.copy(host)
-                in_flight.append((host, following[1]))
-            ops.hand_over(device_batch, event)
-            while in_flight and ops.finished(in_flight[0][1]):
-                in_flight.popleft()
-            del host
-            yield device_batch
-            if following is None:
-                return
-            device_batch, event = following
-    finally:
-        for _, pending in in_flight:
-            ops.wait(pending)
-        in_flight.clear()
+            return None
+        device_batch, event = self._ops.copy(host)
+        self._in_flight.append((host, event))
+        return device_batch, event
+
+    def __next__(self) -> Batch:
+        try:
+            if not self._started:
+                self._started = True
+                self._ahead = self._copy_next()
+            current = self._ahead
+            if current is None:
+                raise StopIteration
+            self._ahead = self._copy_next()
+            self._ops.hand_over(*current)
+            self._retire_finished()
+        except BaseException:
+            self.close()
+            raise
+        return current[0]
+
+    def stats(self) -> dict[str, Any]:
+        """Return the inner iterator's counters plus the copy counters."""
+        inner = getattr(self._source, "stats", None)
+        stats: dict[str, Any] = dict(inner()) if callable(inner) else {}
+        stats.update({"h2d_s": self._h2d_s, "h2d_bytes": self._h2d_bytes, "copy_wait_s": self._copy_wait_s})
+        return stats
+
+    def reset_stats(self) -> None:
+        """Zero the copy counters and the inner iterator's."""
+        self._h2d_s, self._h2d_bytes, self._copy_wait_s = 0.0, 0, 0.0
+        inner = getattr(self._source, "reset_stats", None)
+        if callable(inner):
+            inner()
+
+    def close(self) -> None:
+        """Wait for the copies in flight, release their host batches and close the inner iterator; idempotent."""
+        while self._in_flight:
+            self._wait_oldest()
+        self._ahead = None
+        batches, self._batches = self._batches, None
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: CUDA may be gone already
+            pass

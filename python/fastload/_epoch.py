@@ -112,9 +112,9 @@ class EpochIterator:
     def reset_stats(self) -> None:
         """Zero the counters of this pass."""
         self._samples, self._wait, self._started = 0, 0.0, time.perf_counter()
-        reader = getattr(self._inner, "_reader", None)
-        if reader is not None:
-            reader.reset_stats()
+        reset = getattr(self._inner, "reset_stats", None)
+        if callable(reset):
+            reset()
 
     def close(self) -> None:
         """Stop this pass and release its threads; before its last batch this abandons the pass."""
@@ -146,6 +146,8 @@ def summarize_stats(raw: dict[str, Any], backend: str) -> dict[str, Any]:
         stats["bottleneck"] = None
     elif stats["wait_share"] < 0.1:
         stats["bottleneck"] = "consumer"
+    elif stats.get("copy_wait_s", 0.0) > 0.5 * stats.get("wait_s", 0.0):
+        stats["bottleneck"] = "h2d"
     elif all(k in stats for k in _STAGES):
         stats["bottleneck"] = max(_STAGES, key=lambda k: stats[k])[:-2]
     else:

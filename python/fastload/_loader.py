@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ._dataset import ShardDataset
-from ._device import CudaOps, prefetch_to_device, resolve_device
+from ._device import CudaOps, DevicePrefetcher, resolve_device
 from ._distributed import Topology, _positive_int
 from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
 from ._native_backend import NATIVE_IMPORT_ERROR, NativeEpoch, NativeSettings, open_shards
@@ -143,6 +143,9 @@ class ShardLoader:
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._samplers: tuple[EpochSampler, EpochBatchSampler] | None = None
         self._sample_delay_us = 0  # testing only: slows every native read
+        self._host_allocator: Any = None  # testing only: replaces torch's pinned allocator
+        self._transfer_ops: Any = None  # testing only: replaces CudaOps (a device without CUDA)
+        self.max_copies_in_flight = 2
         self._init_kwargs: dict[str, Any] = {
             "batch_size": batch_size, "shuffle": shuffle, "seed": seed, "drop_last": drop_last,
             "num_threads": num_threads, "prefetch": prefetch, "pin_memory": pin_memory, "backend": self.backend,
@@ -279,8 +282,12 @@ class ShardLoader:
             assert self._sampler is not None and self._dataloader is not None
             self._sampler.configure(order, plan)
             inner = iter(self._dataloader) if len(plan) else iter(())
-        if self.device is not None:
-            inner = prefetch_to_device(inner, CudaOps(self.device))
+        if self.device is not None or self._transfer_ops is not None:
+            ops = self._transfer_ops
+            if ops is None:
+                assert self.device is not None
+                ops = CudaOps(self.device)
+            inner = DevicePrefetcher(inner, ops, self.max_copies_in_flight)
         self._active = weakref.ref(it)
         return epoch, plan, inner
 
@@ -306,7 +313,7 @@ class ShardLoader:
         else:
             batch_indices = plan.batch_positions
         settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
-                                  self._sample_delay_us)
+                                  self._sample_delay_us, self._host_allocator)
         return NativeEpoch(self._shards, self.dataset, len(plan), self.batch_size, batch_indices, settings)
 
     # ---- resumable state ----------------------------------------------------------------------
@@ -359,8 +366,11 @@ class ShardLoader:
         Keys: batches, samples, wait_s (time the consumer waited for data),
         wall_s, wait_share, and for the native backend bytes_read,
         bytes_decoded, read_s, decompress_s, copy_s (summed over threads),
-        ready_batches; plus ``bottleneck``: "consumer" when the loop rarely
-        waits, else the slowest loader stage.
+        ready_batches; with ``device=`` also h2d_s (device time of the
+        host-to-device copies), h2d_bytes and copy_wait_s (time the consumer
+        blocked on a copy); plus ``bottleneck``: "consumer" when the loop
+        rarely waits, "h2d" when most of the waiting was on copies, else the
+        slowest loader stage.
         """
         active = self._live_pass()
         raw = active.raw_stats() if active is not None else dict(self._last_stats)

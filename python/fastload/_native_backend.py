@@ -1,13 +1,17 @@
 """The native backend: one epoch of batches from the C++ worker pool, as torch tensors.
 
 Python decides which samples make each batch (policy); ``fastload._native``
-reads, decodes and copies them into pooled batch buffers (bytes). A buffer
-goes back to the pool only when the last tensor viewing it is dropped.
+reads, decodes and copies them into batch buffers (bytes). Plain CPU buffers
+are pooled: one goes back to the pool when the last tensor viewing it is
+dropped. Pinned buffers are not: each batch gets a fresh buffer from torch's
+caching host allocator (``_pinned.py``), which alone decides when that memory
+may be written again, after every copy queued from it has completed.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +20,7 @@ import numpy as np
 import torch
 
 from ._dataset import ShardDataset
+from ._pinned import FieldViews, HostAllocator, allocate_pinned
 
 _native: Any
 try:
@@ -36,6 +41,13 @@ class NativeSettings:
     pin_memory: bool
     verify_checksums: bool = True
     sample_delay_us: int = 0  # testing only
+    host_allocator: HostAllocator | None = None  # testing only: replaces torch's pinned allocator
+
+    def allocator(self) -> HostAllocator | None:
+        """Return the allocator of single-use batch buffers, or None for pooled numpy buffers."""
+        if self.host_allocator is not None:
+            return self.host_allocator
+        return allocate_pinned if self.pin_memory else None
 
 
 def open_shards(dataset: ShardDataset) -> Any:
@@ -46,15 +58,11 @@ def open_shards(dataset: ShardDataset) -> Any:
     return _native.ShardSet(paths, [s.count for s in dataset.manifest.shards])
 
 
-def _new_slot(nbytes: int, pin_memory: bool) -> np.ndarray:
-    if pin_memory:  # page-locked through torch's caching host allocator
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
-    return np.empty(nbytes, dtype=np.uint8)
-
-
 class NativeEpoch:
     """Iterates one epoch: submits up to ``prefetch`` batches ahead and yields them in order.
 
+    With a host allocator (pinned memory) the epoch holds at most ``prefetch``
+    buffers itself: those of batches submitted and not yet delivered.
     ``close()`` (also on ``del``, ``break`` and errors) joins every worker thread.
     """
 
@@ -71,16 +79,28 @@ class NativeEpoch:
         self._settings = settings
         self._next_submit = 0
         self._delivered = 0
+        self._allocator = settings.allocator()
+        self._buffers: deque[torch.Tensor] = deque()  # single-use buffers of submitted batches, in order
         self._reader: Any = _native.BatchReader(
             shards, [(f.codec_id, f.itemsize, f.nbytes) for f in schema], [f.np_dtype for f in schema],
             [list(f.shape) for f in schema], [f.name in wanted for f in schema], batch_size,
             settings.num_threads, settings.verify_checksums, settings.sample_delay_us)
+        self._views: FieldViews | None = None
+        if self._allocator is not None:
+            decoded = [f for f in schema if f.name in wanted]
+            self._views = FieldViews(self._names, self._reader.field_offsets,
+                                     [torch.from_numpy(np.empty(0, f.np_dtype)).dtype for f in decoded],
+                                     [f.shape for f in decoded])
 
     def _submit_ahead(self) -> None:
         reader = self._reader
         while self._next_submit < self._num_batches and self._next_submit - self._delivered < self._settings.prefetch:
-            if reader.free_slots == 0:
-                reader.add_slot(_new_slot(reader.slot_bytes, self._settings.pin_memory))
+            if self._allocator is not None:
+                buffer = self._allocator(reader.slot_bytes)
+                reader.add_slot(buffer.numpy(), reusable=False)
+                self._buffers.append(buffer)
+            elif reader.free_slots == 0:
+                reader.add_slot(np.empty(reader.slot_bytes, dtype=np.uint8))
             reader.submit(self._batch_indices(self._next_submit))
             self._next_submit += 1
 
@@ -93,18 +113,27 @@ class NativeEpoch:
             raise StopIteration
         try:
             self._submit_ahead()
-            arrays = self._reader.next()
+            if self._views is not None:
+                count = self._reader.next_count()
+                batch = self._views(self._buffers.popleft(), count)
+            else:
+                batch = {name: torch.from_numpy(a) for name, a in zip(self._names, self._reader.next())}
             self._delivered += 1
             self._submit_ahead()
         except BaseException:
             self.close()
             raise
-        return {name: torch.from_numpy(a) for name, a in zip(self._names, arrays)}
+        return batch
 
     @property
     def pool_slots(self) -> int:
         """Return how many batch buffers the pool has allocated so far."""
         return 0 if self._reader is None else self._reader.total_slots
+
+    @property
+    def buffers_held(self) -> int:
+        """Return how many single-use (pinned) buffers this epoch holds for batches not yet delivered."""
+        return len(self._buffers)
 
     def stats(self) -> dict[str, Any]:
         """Return the native reader's counters, plus wall time and batches ready, for this epoch."""
@@ -116,6 +145,11 @@ class NativeEpoch:
         stats["num_threads"] = self._reader.num_threads
         return stats
 
+    def reset_stats(self) -> None:
+        """Zero the native reader's counters."""
+        if self._reader is not None:
+            self._reader.reset_stats()
+
     def close(self) -> None:
         """Stop and join the worker threads; idempotent. The epoch's stats stay readable."""
         if self._reader is not None:
@@ -124,6 +158,7 @@ class NativeEpoch:
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.close()
+        self._buffers.clear()
 
     def __del__(self) -> None:
         self.close()
