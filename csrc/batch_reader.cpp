@@ -9,6 +9,9 @@ namespace fastload {
 namespace {
 
 constexpr size_t kAlign = 64;
+// A chunk decodes at least this many output bytes (or one sample), so that
+// claiming it costs little next to the work, whatever the thread count.
+constexpr size_t kMinChunkBytes = 64 * 1024;
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
@@ -18,12 +21,15 @@ uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
 
 }  // namespace
 
+// Workers claim chunks of a job with an atomic counter, not under the shared
+// lock; the lock is taken to pick the next job, to store an error, and by the
+// worker that finishes a job's last chunk (to wake the consumer).
 struct BatchReader::Job {
   std::vector<uint64_t> indices;
   std::shared_ptr<Slot> slot;
   size_t num_chunks = 0;
-  size_t next_chunk = 0;        // guarded by BatchReader::mutex_
-  size_t chunks_left = 0;       // guarded by BatchReader::mutex_
+  std::atomic<size_t> next_chunk{0};
+  std::atomic<size_t> chunks_left{0};
   std::exception_ptr error;     // guarded by BatchReader::mutex_
   size_t error_position = 0;    // guarded by BatchReader::mutex_
 };
@@ -49,9 +55,13 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
     if (decode_[offsets_.size() - 1]) slot_bytes_ = align_up(slot_bytes_ + capacity_ * static_cast<size_t>(f.decoded_bytes));
   }
   slot_bytes_ = std::max(slot_bytes_, kAlign);
-  // Enough chunks per batch that every thread has several to take, few
-  // enough that claiming one costs little next to decoding it.
-  chunk_size_ = std::max<size_t>(1, capacity_ / (num_threads * 4));
+  // Enough chunks per batch that every thread has several to take, but no
+  // chunk under kMinChunkBytes of output: with many threads and small
+  // records, tiny chunks cost more to hand out than to decode.
+  size_t sample_bytes = 0;
+  for (size_t f = 0; f < fields_.size(); ++f) sample_bytes += decode_[f] ? static_cast<size_t>(fields_[f].decoded_bytes) : 0;
+  const size_t min_samples = std::max<size_t>(1, kMinChunkBytes / std::max<size_t>(1, sample_bytes));
+  chunk_size_ = std::max({size_t{1}, capacity_ / (num_threads * 4), std::min(min_samples, capacity_)});
   pool_ = std::make_shared<SlotPool>(slot_bytes_);
   try {
     for (size_t i = 0; i < num_threads; ++i) workers_.emplace_back([this] { worker_main(); });
@@ -67,6 +77,7 @@ void BatchReader::close() noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
+    stop_flag_.store(true);
     work_.clear();
   }
   work_cv_.notify_all();
@@ -88,7 +99,7 @@ size_t BatchReader::ready() const {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t count = 0;
   for (const auto& job : inflight_) {
-    if (job->chunks_left != 0) break;
+    if (job->chunks_left.load() != 0) break;
     ++count;
   }
   return count;
@@ -114,7 +125,7 @@ void BatchReader::submit(std::vector<uint64_t> indices) {
   auto job = std::make_shared<Job>();
   job->indices = std::move(indices);
   job->num_chunks = (job->indices.size() + chunk_size_ - 1) / chunk_size_;
-  job->chunks_left = job->num_chunks;
+  job->chunks_left.store(job->num_chunks);
   std::lock_guard<std::mutex> lock(mutex_);
   if (stop_) throw FastloadError("submit: the reader is closed");
   job->slot = pool_->try_acquire();
@@ -131,7 +142,7 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
   std::unique_lock<std::mutex> lock(mutex_);
   if (stop_) throw FastloadError("wait_next: the reader is closed");
   if (inflight_.empty()) throw FastloadError("wait_next: no batch was submitted");
-  const bool ready = done_cv_.wait_for(lock, timeout, [this] { return stop_ || inflight_.front()->chunks_left == 0; });
+  const bool ready = done_cv_.wait_for(lock, timeout, [this] { return stop_ || inflight_.front()->chunks_left.load() == 0; });
   wait_ns_.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
   if (stop_) throw FastloadError("wait_next: the reader was closed");
   if (!ready) return std::nullopt;
@@ -146,33 +157,42 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
 void BatchReader::worker_main() {
   RecordDecoder decoder(fields_, verify_);
   std::vector<std::unique_ptr<ShardTxn>> txns(shards_->size());
+  std::shared_ptr<Job> job;
   for (;;) {
-    std::shared_ptr<Job> job;
-    size_t chunk = 0;
-    {
+    if (!job) {
       std::unique_lock<std::mutex> lock(mutex_);
       work_cv_.wait(lock, [this] { return stop_ || !work_.empty(); });
       if (stop_) return;
       job = work_.front();
-      chunk = job->next_chunk++;
-      if (job->next_chunk == job->num_chunks) work_.pop_front();
+    }
+    const size_t chunk = job->next_chunk.fetch_add(1);
+    if (chunk >= job->num_chunks) {  // every chunk of this job is taken: on to the next job
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!work_.empty() && work_.front() == job) work_.pop_front();
+      job.reset();
+      continue;
     }
     std::exception_ptr error;
-    size_t error_position = 0;
     try {
       run_chunk(*job, chunk, decoder, txns);
     } catch (...) {
       error = std::current_exception();
     }
-    if (error) error_position = chunk * chunk_size_;
-    {
+    if (error) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (error && (!job->error || error_position < job->error_position)) {
+      const size_t position = chunk * chunk_size_;
+      if (!job->error || position < job->error_position) {
         job->error = error;
-        job->error_position = error_position;
+        job->error_position = position;
       }
-      if (--job->chunks_left == 0) done_cv_.notify_all();
     }
+    if (job->chunks_left.fetch_sub(1) == 1) {
+      // The consumer checks chunks_left under the lock: taking it here means
+      // the notification cannot fall between its check and its wait.
+      { std::lock_guard<std::mutex> lock(mutex_); }
+      done_cv_.notify_all();
+    }
+    if (stop_flag_.load(std::memory_order_relaxed)) return;
   }
 }
 

@@ -3,8 +3,10 @@
 //
 // The consumer (one thread: the Python iterator) submits batches, each a list
 // of global sample indices plus a slot, and receives them back strictly in
-// submission order with wait_next(). Workers split every batch into chunks,
-// so all threads work on the oldest batch first. Each worker owns a
+// submission order with wait_next(). Workers split every batch into chunks
+// (about 4 per thread, none under 64 KiB of output) and claim them with an
+// atomic counter, so all threads work on the oldest batch first without
+// contending for a lock. Each worker owns a
 // RecordDecoder and one LMDB read transaction per shard it touches.
 //
 // A worker's error (corrupt record, missing key) is stored with its batch as
@@ -118,6 +120,7 @@ class BatchReader {
   std::deque<std::shared_ptr<Job>> work_;      // jobs with chunks not yet claimed
   std::deque<std::shared_ptr<Job>> inflight_;  // every undelivered job, in order
   bool stop_ = false;
+  std::atomic<bool> stop_flag_{false};  // stop_, readable without the lock between chunks
   std::vector<std::thread> workers_;
 
   std::atomic<uint64_t> batches_{0}, samples_{0}, bytes_read_{0}, bytes_decoded_{0};
