@@ -162,6 +162,18 @@ def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: b
 
     Raises RecordDecodeError with the reason when any length, codec or checksum is wrong.
     """
+    out = [np.empty(f.nbytes, dtype=np.uint8) for f in fields]
+    decode_record_into(record, fields, out, verify)
+    return [a.view(f.np_dtype).reshape(f.shape) for a, f in zip(out, fields)]
+
+
+def decode_record_into(record: bytes | memoryview, fields: Sequence[Field], out: Sequence[np.ndarray | None],
+                       verify: bool = True) -> None:
+    """Decode one record into ``out``: per field a contiguous uint8 array of its decoded bytes, or None to skip it.
+
+    Every field's header is checked, skipped or not; a skipped field's payload is neither decoded
+    nor verified. Raises RecordDecodeError with the reason when any length, codec or checksum is wrong.
+    """
     size = len(record)
     if size < _HEADER.size:
         raise RecordDecodeError(f"record of {size} bytes is shorter than its header")
@@ -177,12 +189,11 @@ def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: b
         raise RecordDecodeError("record truncated inside its header")
     starts = [_HEADER.size + _ENTRY.size * i for i in range(count)]
     entries = [_ENTRY.unpack_from(record, s) for s in starts]
-    reserved = [bytes(record[s + 1 : s + 4]) for s in starts]
     total = header
     for i, (f, (codec, enc, dec, _digest)) in enumerate(zip(fields, entries)):
         if codec != f.codec_id:
             raise RecordDecodeError(f"field {i}: codec {codec} differs from the schema's {f.codec_id}")
-        if reserved[i] != b"\0\0\0":
+        if record[starts[i] + 1 : starts[i] + 4] != b"\0\0\0":
             raise RecordDecodeError(f"field {i}: reserved bytes are not zero")
         if dec != f.nbytes:
             raise RecordDecodeError(f"field {i}: decoded length {dec} differs from the schema's {f.nbytes}")
@@ -193,22 +204,21 @@ def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: b
         total += enc
     if total != size:
         raise RecordDecodeError(f"record has {size - total} bytes after its payloads")
-    out = []
     offset = header
     view = memoryview(record)
-    for i, (f, (_codec, enc, dec, digest)) in enumerate(zip(fields, entries)):
+    for i, (f, (_codec, enc, dec, digest), dest) in enumerate(zip(fields, entries, out)):
         payload = view[offset : offset + enc]
         offset += enc
+        if dest is None:
+            continue
         if f.codec == "raw":
-            data = np.frombuffer(payload, dtype=np.uint8).copy()
+            dest[:] = np.frombuffer(payload, dtype=np.uint8)
+        elif f.codec == "zstd-shuffle" and f.itemsize > 1:
+            dest[:] = unshuffle_bytes(_decompress(payload, dec, i).tobytes(), f.itemsize).view(np.uint8)
         else:
-            data = _decompress(payload, dec, i)
-            if f.codec == "zstd-shuffle":
-                data = unshuffle_bytes(data.tobytes(), f.itemsize) if f.itemsize > 1 else data
-        if verify and xxhash.xxh3_64_intdigest(data.data) != digest:
+            dest[:] = _decompress(payload, dec, i)
+        if verify and xxhash.xxh3_64_intdigest(dest.data) != digest:
             raise RecordDecodeError(f"field {i}: checksum mismatch")
-        out.append(data.view(f.np_dtype).reshape(f.shape))
-    return out
 
 
 def _decompress(payload: memoryview, expected: int, index: int) -> np.ndarray:
@@ -231,4 +241,4 @@ def _decompress(payload: memoryview, expected: int, index: int) -> np.ndarray:
         raise RecordDecodeError(f"field {index}: zstd error: {err}") from None
     if len(data) != expected:
         raise RecordDecodeError(f"field {index}: zstd frame decoded to the wrong size")
-    return np.frombuffer(data, dtype=np.uint8).copy()
+    return np.frombuffer(data, dtype=np.uint8)

@@ -6,6 +6,7 @@ import platform
 import random
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +37,33 @@ class OrderBatchSampler(Sampler[list[int]]):
         order, plan = self.order, self.plan
         for b in range(len(plan)):
             yield order.at(plan.batch_positions(b)).tolist()
+
+
+class BatchFetch(torch.utils.data.Dataset):
+    """``ShardDataset`` as the torch backend's DataLoader sees it: ``__getitems__`` reads a whole batch.
+
+    DataLoader hands a batch's indices to ``__getitems__`` (``ShardDataset.read_batch``:
+    one array per field, allocated in shared memory inside a worker) and the
+    batch passes through ``collate_batch`` untouched: no tensor per sample, no
+    ``default_collate`` stacking, one shared-memory block per field to send.
+    """
+
+    def __init__(self, dataset: ShardDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        return self.dataset.read_batch(indices, shared=torch.utils.data.get_worker_info() is not None)
+
+
+def collate_batch(batch: Any) -> Any:
+    """``collate_fn`` of the torch backend: the batch is already collated by ``BatchFetch``."""
+    return batch
 
 
 def seed_worker(worker_id: int) -> None:
@@ -71,5 +99,5 @@ def make_dataloader(dataset: ShardDataset, sampler: OrderBatchSampler, num_worke
             kwargs["multiprocessing_context"] = "fork"
     generator = torch.Generator()
     generator.manual_seed(seed & (2**63 - 1))
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
-                      generator=generator, **kwargs)
+    return DataLoader(BatchFetch(dataset), batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
+                      generator=generator, collate_fn=collate_batch, **kwargs)

@@ -1,0 +1,63 @@
+"""The baseline a user would write by hand: a minimal py-lmdb map-style Dataset over the same shards.
+
+No checksum, no validation beyond what indexing needs: ``lmdb.get``, the fixed header of each
+record (docs/FORMAT.md), ``np.frombuffer`` for raw fields and one zstd call for compressed ones
+(plus the byte un-shuffle for ``zstd-shuffle``),
+a tensor per field per sample and DataLoader's ``default_collate``. It is the yardstick of
+``ShardLoader(backend="torch")``, which must be at least as fast with the same workers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import struct
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import torch
+import zstandard
+
+_HEADER = struct.Struct("<4sHH")
+_ENTRY = struct.Struct("<B3xIQQ")
+
+
+class PlainLmdbDataset(torch.utils.data.Dataset):
+    """``ds[i]``: a dict of field name to tensor, read with py-lmdb, never verified."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        manifest = json.loads((self.path / "manifest.json").read_text())
+        self.files = [s["file"] for s in manifest["shards"]]
+        self.starts = [0]
+        for s in manifest["shards"]:
+            self.starts.append(self.starts[-1] + s["count"])
+        self.fields = [(f["name"], np.dtype(f["dtype"]), tuple(f["shape"])) for f in manifest["schema"]]
+        self.envs: dict[int, lmdb.Environment] = {}
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "envs": {}}
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        shard = bisect.bisect_right(self.starts, index) - 1
+        env = self.envs.get(shard)
+        if env is None:
+            env = self.envs[shard] = lmdb.open(str(self.path / self.files[shard]), subdir=False, readonly=True,
+                                               lock=False, readahead=False)
+        with env.begin(buffers=True) as txn:
+            raw = txn.get((index - self.starts[shard]).to_bytes(8, "big"))
+        offset = _HEADER.size + _ENTRY.size * len(self.fields)
+        out = {}
+        for i, (name, dtype, shape) in enumerate(self.fields):
+            codec, enc, _dec, _digest = _ENTRY.unpack_from(raw, _HEADER.size + _ENTRY.size * i)
+            payload = raw[offset : offset + enc]
+            offset += enc
+            data = np.frombuffer(bytes(payload) if codec == 0 else zstandard.decompress(payload), dtype=np.uint8)
+            if codec == 2 and dtype.itemsize > 1:  # zstd-shuffle: byte k of every element stored together
+                data = data.reshape(dtype.itemsize, -1).T.copy()
+            out[name] = torch.from_numpy(data.view(dtype).reshape(shape).copy())
+        return out
