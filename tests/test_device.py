@@ -182,3 +182,24 @@ def conftest_equal(a, b):
     from conftest import batches_equal
 
     return batches_equal(a, b)
+
+
+def test_a_batch_viewing_one_buffer_is_copied_as_one_span():
+    from fastload._device import rebase, shared_span
+    from fastload._pinned import FieldViews
+
+    views = FieldViews(["image", "label"], [0, 192], [torch.uint8, torch.int64], [(3, 4, 4), ()])
+    buffer = torch.arange(256, dtype=torch.uint8)
+    buffer[192:].view(torch.int64)[:] = torch.arange(8) * 7
+    batch = views(buffer, 4)  # 4 of a capacity of 8 samples: the span runs to the end of the labels used
+    flat, start = shared_span(batch)
+    assert start == 0 and flat.numel() == 192 + 4 * 8 and flat.data_ptr() == buffer.data_ptr()
+    copy = rebase(batch, flat.clone(), start)
+    assert copy.keys() == batch.keys()
+    for name in batch:
+        assert torch.equal(copy[name], batch[name]) and copy[name].data_ptr() != batch[name].data_ptr()
+    labels_only = {"label": batch["label"]}
+    flat, start = shared_span(labels_only)
+    assert start == 192 and torch.equal(rebase(labels_only, flat.clone(), start)["label"], torch.arange(4) * 7)
+    assert shared_span({"a": torch.zeros(3), "b": torch.zeros(3)}) is None  # two storages: copied one by one
+    assert shared_span({"a": torch.zeros(4, 4).t()}) is None  # not contiguous
