@@ -60,12 +60,13 @@ def shared_span(batch: Batch) -> tuple[torch.Tensor, int] | None:
         return None
     storage = tensors[0].untyped_storage()
     ptr = storage.data_ptr()
-    lo, hi = None, 0
+    lo: int | None = None
+    hi = 0
     for t in tensors:
         size = t.element_size()
         if not t.is_contiguous() or t.untyped_storage().data_ptr() != ptr:
             return None
-        begin = t.storage_offset() * size
+        begin = int(t.storage_offset()) * size
         lo = begin if lo is None else min(lo, begin)
         hi = max(hi, begin + t.numel() * size)
     assert lo is not None
