@@ -167,8 +167,13 @@ void BatchReader::worker_main() {
     }
     const size_t chunk = job->next_chunk.fetch_add(1);
     if (chunk >= job->num_chunks) {  // every chunk of this job is taken: on to the next job
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!work_.empty() && work_.front() == job) work_.pop_front();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!work_.empty() && work_.front() == job) work_.pop_front();
+      }
+      // Outside the lock: dropping the last reference may free a slot whose
+      // owner takes the GIL, and the consumer may hold the GIL while it waits
+      // for this lock.
       job.reset();
       continue;
     }

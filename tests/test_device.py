@@ -203,3 +203,13 @@ def test_a_batch_viewing_one_buffer_is_copied_as_one_span():
     assert start == 192 and torch.equal(rebase(labels_only, flat.clone(), start)["label"], torch.arange(4) * 7)
     assert shared_span({"a": torch.zeros(3), "b": torch.zeros(3)}) is None  # two storages: copied one by one
     assert shared_span({"a": torch.zeros(4, 4).t()}) is None  # not contiguous
+
+
+def test_auto_prefetch_holds_about_32_mib_of_pinned_batches():
+    from fastload._loader import auto_prefetch
+
+    tiles = 256 * (3 * 128 * 128 + 8)
+    assert auto_prefetch(8, tiles, pin_memory=False) == 8  # plain memory: one batch per thread
+    assert auto_prefetch(8, tiles, pin_memory=True) == 3
+    assert auto_prefetch(8, 256 * (3 * 32 * 32 + 8), pin_memory=True) == 8
+    assert auto_prefetch(1, 10 * 2**30, pin_memory=True) == 2  # never below two

@@ -14,8 +14,10 @@ without a GPU (``tests/test_device.py``) and on one by ``tests/test_cuda.py``.
 Page-locked memory held by a loader with ``device=``: at most ``prefetch``
 batches submitted to the workers plus ``max_copies_in_flight`` batches being
 copied; blocks freed while later copies were still queued on the side stream
-become reusable once those copies finish (at most ``max_copies_in_flight - 1``
-more). Each batch is one block of ``pinned_block_bytes(slot bytes)``.
+become reusable once those copies finish (fewer than ``max_copies_in_flight``
+more: a block is freed only after its own copy finished, when at most
+``max_copies_in_flight - 1`` later ones are queued). Each batch is one block of
+``pinned_block_bytes(slot bytes)``.
 """
 
 from __future__ import annotations

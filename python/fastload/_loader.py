@@ -44,6 +44,22 @@ def _resolve_backend(backend: str) -> str:
     return backend
 
 
+PINNED_PREFETCH_BYTES = 32 * 2**20
+
+
+def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool) -> int:
+    """Return ``prefetch="auto"``: one batch per thread (at least 2); pinned, no more than about 32 MiB of batches.
+
+    Page-locked memory is scarce and torch rounds each pinned batch up to a power of two;
+    with batches of a few MiB, two or three in flight keep every thread busy, since all
+    threads work on the oldest batch.
+    """
+    prefetch = max(2, num_threads)
+    if pin_memory and batch_bytes > 0:
+        prefetch = min(prefetch, max(2, -(-PINNED_PREFETCH_BYTES // batch_bytes)))
+    return prefetch
+
+
 def _resolve_pin_memory(pin_memory: bool | str, device: torch.device | None) -> bool:
     if pin_memory == "auto":
         return device is not None or torch.cuda.is_available()
@@ -130,8 +146,12 @@ class ShardLoader:
         self.device = resolve_device(device)
         self.num_threads = min(os.cpu_count() or 1, 8) if num_threads == "auto" else _positive_int(
             "num_threads", num_threads)
-        self.prefetch = max(2, self.num_threads) if prefetch == "auto" else _positive_int("prefetch", prefetch)
         self.pin_memory = _resolve_pin_memory(pin_memory, self.device)
+        if prefetch == "auto":
+            batch_bytes = self.batch_size * sum(f.nbytes for f in self.dataset.fields)
+            self.prefetch = auto_prefetch(self.num_threads, batch_bytes, self.pin_memory)
+        else:
+            self.prefetch = _positive_int("prefetch", prefetch)
         self.backend = _resolve_backend(backend)
         self.verify_checksums = verify_checksums
         self._epoch = 0
