@@ -45,6 +45,18 @@ def main() -> int:
             mismatches += int(not torch.equal(a["label"], b["label"].cpu()))
         print(f"device batches equal CPU batches: {mismatches == 0}")
 
+        # The common idiom with a GPU that lags: non_blocking copies of pinned batches.
+        reference = list(fastload.ShardLoader(path, batch_size=args.batch_size, shuffle=True, seed=1,
+                                              pin_memory=False))
+        copies = []
+        for batch in fastload.ShardLoader(path, batch_size=args.batch_size, shuffle=True, seed=1, pin_memory=True):
+            torch.cuda._sleep(2_000_000)
+            copies.append({k: v.to("cuda", non_blocking=True) for k, v in batch.items()})
+        torch.cuda.synchronize()
+        idiom = sum(int(not torch.equal(r[k], c[k].cpu())) for r, c in zip(reference, copies) for k in r)
+        print(f"non_blocking copies of pinned batches, GPU lagging: {idiom} mismatched tensors")
+        mismatches += idiom
+
         nbytes = args.samples * (3 * 128 * 128 + 8)
         for _ in range(2):  # the second pass is the timed one (warm pool, warm page cache)
             gpu.set_epoch(0)
@@ -62,6 +74,8 @@ def main() -> int:
         plain_s = time.perf_counter() - start
         print(f"ShardLoader(device='cuda'), whole epoch incl. decode: {nbytes / loader_s / 1e9:.2f} GB/s")
         print(f"plain pinned tensor.to('cuda') of the same bytes:    {nbytes / plain_s / 1e9:.2f} GB/s")
+        print(f"loader stats: {gpu.stats()}")
+        print(f"pinned host memory: {torch.cuda.host_memory_stats().get('allocated_bytes.peak', 'n/a')} bytes at peak")
     return 0 if mismatches == 0 else 1
 
 
