@@ -110,6 +110,24 @@ size_t BatchReader::pending() const {
   return inflight_.size();
 }
 
+void BatchReader::add_split_slot(const std::vector<std::pair<uint8_t*, size_t>>& buffers,
+                                 std::shared_ptr<void> owner, bool reusable) {
+  if (buffers.size() != fields_.size()) {
+    throw FastloadError("add_split_slot: " + std::to_string(buffers.size()) + " buffers for " +
+                        std::to_string(fields_.size()) + " fields");
+  }
+  std::vector<uint8_t*> data(fields_.size(), nullptr);
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    if (!decode_[f]) continue;
+    if (buffers[f].first == nullptr || buffers[f].second < field_bytes(f)) {
+      throw FastloadError("add_split_slot: field " + std::to_string(f) + " needs a buffer of " +
+                          std::to_string(field_bytes(f)) + " bytes, got " + std::to_string(buffers[f].second));
+    }
+    data[f] = buffers[f].first;
+  }
+  pool_->add_split(std::move(data), std::move(owner), reusable);
+}
+
 void BatchReader::submit(std::vector<uint64_t> indices) {
   if (indices.size() > capacity_) {
     throw FastloadError("submit: " + std::to_string(indices.size()) + " samples exceed the batch capacity " +
@@ -217,7 +235,12 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder,
     read_ns += elapsed_ns(t0);
     bytes_read += size;
     for (size_t f = 0; f < fields_.size(); ++f) {
-      dest[f] = decode_[f] ? job.slot->data + offsets_[f] + i * static_cast<size_t>(fields_[f].decoded_bytes) : nullptr;
+      if (!decode_[f]) {
+        dest[f] = nullptr;
+        continue;
+      }
+      uint8_t* base = job.slot->field_data.empty() ? job.slot->data + offsets_[f] : job.slot->field_data[f];
+      dest[f] = base + i * static_cast<size_t>(fields_[f].decoded_bytes);
     }
     t0 = std::chrono::steady_clock::now();
     try {

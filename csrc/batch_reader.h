@@ -16,7 +16,9 @@
 //
 // Batch layout in a slot: field f occupies [field_offset(f), + capacity *
 // decoded_bytes(f)), sample i of field f at field_offset(f) + i *
-// decoded_bytes(f). Offsets are 64-byte aligned.
+// decoded_bytes(f). Offsets are 64-byte aligned. A split slot (add_split_slot)
+// has one buffer per field instead, sample i of field f at buffer f + i *
+// decoded_bytes(f).
 //
 // Thread safety: submit(), wait_next(), close() and the destructor belong to
 // the consumer thread; stats() may be called from any thread. close() is
@@ -80,6 +82,14 @@ class BatchReader {
   size_t batch_capacity() const noexcept { return capacity_; }
   size_t num_threads() const noexcept { return workers_.size(); }
   const std::shared_ptr<SlotPool>& pool() const noexcept { return pool_; }
+  // Bytes field f of one batch needs in a buffer of its own (capacity * decoded bytes).
+  size_t field_bytes(size_t f) const { return capacity_ * static_cast<size_t>(fields_.at(f).decoded_bytes); }
+
+  // Adds a slot of one buffer per field: buffers[f] = (data, size), null for a
+  // field not decoded. Throws FastloadError when a decoded field's buffer is
+  // missing or smaller than field_bytes(f).
+  void add_split_slot(const std::vector<std::pair<uint8_t*, size_t>>& buffers, std::shared_ptr<void> owner,
+                      bool reusable);
 
   // Queues one batch. Throws FastloadError when closed, when there are more
   // indices than the capacity, or when no slot is free (add one first).

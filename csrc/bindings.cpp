@@ -100,6 +100,23 @@ class PyBatchReader {
     reader().pool()->add(static_cast<uint8_t*>(info.ptr), bytes, std::make_shared<GilObject>(buffer), reusable);
   }
 
+  // One buffer per field (None for a field not decoded), kept alive together.
+  void add_split_slot(const py::list& buffers, bool reusable) {
+    std::vector<std::pair<uint8_t*, size_t>> spans;
+    for (const py::handle item : buffers) {
+      if (item.is_none()) {
+        spans.emplace_back(nullptr, 0);
+        continue;
+      }
+      py::buffer_info info = py::reinterpret_borrow<py::buffer>(item).request(true);
+      if (info.ndim != 1 || info.strides[0] != info.itemsize) {
+        throw py::value_error("add_split_slot: every buffer must be one-dimensional and contiguous");
+      }
+      spans.emplace_back(static_cast<uint8_t*>(info.ptr), static_cast<size_t>(info.size * info.itemsize));
+    }
+    reader().add_split_slot(spans, std::make_shared<GilObject>(buffers), reusable);
+  }
+
   void submit(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices) {
     std::vector<uint64_t> copy(indices.data(), indices.data() + indices.size());
     BatchReader& r = reader();
@@ -124,6 +141,8 @@ class PyBatchReader {
   // the (single-use) slot memory they added themselves.
   size_t next_count() { return wait().count; }
 
+  size_t field_count() const { return dtypes_.size(); }
+
   std::vector<size_t> field_offsets() {
     BatchReader& r = reader();
     std::vector<size_t> offsets;
@@ -142,7 +161,8 @@ class PyBatchReader {
       if (!r.decodes_field(f)) continue;
       std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(batch.count)};
       shape.insert(shape.end(), shapes_[f].begin(), shapes_[f].end());
-      arrays.append(py::array(dtypes_[f], shape, {}, batch.slot->data + r.field_offset(f), base));
+      uint8_t* data = batch.slot->field_data.empty() ? batch.slot->data + r.field_offset(f) : batch.slot->field_data[f];
+      arrays.append(py::array(dtypes_[f], shape, {}, data, base));
     }
     return arrays;
   }
@@ -334,6 +354,12 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("closed", [](PyBatchReader& r) { return r.reader().closed(); })
       .def_property_readonly("field_offsets", &PyBatchReader::field_offsets)
       .def("add_slot", &PyBatchReader::add_slot, py::arg("buffer"), py::arg("reusable") = true)
+      .def("add_split_slot", &PyBatchReader::add_split_slot, py::arg("buffers"), py::arg("reusable") = true)
+      .def_property_readonly("field_bytes", [](PyBatchReader& r) {
+        std::vector<size_t> out;
+        for (size_t f = 0; f < r.field_count(); ++f) out.push_back(r.reader().field_bytes(f));
+        return out;
+      })
       .def("submit", &PyBatchReader::submit, py::arg("indices"))
       .def("next", &PyBatchReader::next)
       .def("next_count", &PyBatchReader::next_count)

@@ -21,6 +21,16 @@ void SlotPool::add(uint8_t* data, size_t size, std::shared_ptr<void> owner, bool
   ++total_;
 }
 
+void SlotPool::add_split(std::vector<uint8_t*> field_data, std::shared_ptr<void> owner, bool reusable) {
+  auto slot = std::make_unique<Slot>();
+  slot->field_data = std::move(field_data);
+  slot->owner = std::move(owner);
+  slot->reusable = reusable;
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.push_back(std::move(slot));
+  ++total_;
+}
+
 std::shared_ptr<Slot> SlotPool::try_acquire() {
   std::unique_ptr<Slot> slot;
   {

@@ -28,7 +28,10 @@ namespace fastload {
 struct Slot {
   uint8_t* data = nullptr;
   size_t size = 0;
-  std::shared_ptr<void> owner;  // keeps `data` alive
+  // When not empty, field f of the batch lives at field_data[f] (null for a
+  // field not decoded) rather than at data + the reader's offset for f.
+  std::vector<uint8_t*> field_data;
+  std::shared_ptr<void> owner;  // keeps `data` (or every field_data buffer) alive
   bool reusable = true;         // false: freed, not pooled, after its one use
 };
 
@@ -42,6 +45,10 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   // with reusable = false it is freed after one use instead of returning.
   // Throws FastloadError when it is too small.
   void add(uint8_t* data, size_t size, std::shared_ptr<void> owner, bool reusable = true);
+
+  // Adds a slot whose fields live in separate buffers (see Slot::field_data);
+  // the caller has checked their sizes.
+  void add_split(std::vector<uint8_t*> field_data, std::shared_ptr<void> owner, bool reusable);
 
   // A free slot, or nullptr when every slot is in use. The pool must be
   // owned by a shared_ptr.

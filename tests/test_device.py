@@ -6,9 +6,12 @@ The same paths run for real on a GPU in tests/test_cuda.py.
 import gc
 import weakref
 
+import numpy as np
 import pytest
 import torch
+from conftest import batches_equal
 
+import fastload
 from fastload import ShardLoader
 from fastload._device import DevicePrefetcher, resolve_device
 
@@ -116,13 +119,13 @@ class TrackingAllocator:
 
     def __init__(self):
         self.buffers = []  # weak references to the numpy memory behind each buffer
+        self.sizes = []
 
     def __call__(self, nbytes):
-        import numpy as np
-
         memory = np.empty(nbytes, dtype=np.uint8)
         memory.fill(0xAB)
         self.buffers.append(weakref.ref(memory))
+        self.sizes.append(nbytes)
         return torch.from_numpy(memory)
 
     def live(self, collect=False):
@@ -154,7 +157,7 @@ def test_pinned_batches_are_views_of_one_fresh_allocation_each(small_dataset):
             assert tensor.untyped_storage().data_ptr() == memory.ctypes.data
         kept.append(batch)
     assert len(alloc.buffers) == len(reference)  # one allocation per batch: fastload never recycles pinned memory
-    assert conftest_equal(kept, reference)  # batches kept across steps were never rewritten
+    assert batches_equal(kept, reference)  # batches kept across steps were never rewritten
     del kept, batch, tensor, memory
     assert alloc.live(collect=True) == 0
 
@@ -178,12 +181,6 @@ def test_pinned_memory_is_bounded_when_copies_lag(small_dataset):
     assert alloc.live(collect=True) == 0
 
 
-def conftest_equal(a, b):
-    from conftest import batches_equal
-
-    return batches_equal(a, b)
-
-
 def test_a_batch_viewing_one_buffer_is_copied_as_one_span():
     from fastload._device import rebase, shared_span
     from fastload._pinned import FieldViews
@@ -191,7 +188,7 @@ def test_a_batch_viewing_one_buffer_is_copied_as_one_span():
     views = FieldViews(["image", "label"], [0, 192], [torch.uint8, torch.int64], [(3, 4, 4), ()])
     buffer = torch.arange(256, dtype=torch.uint8)
     buffer[192:].view(torch.int64)[:] = torch.arange(8) * 7
-    batch = views(buffer, 4)  # 4 of a capacity of 8 samples: the span runs to the end of the labels used
+    batch = views([buffer, buffer], 4)  # 4 of a capacity of 8 samples: the span runs to the end of the labels used
     flat, start = shared_span(batch)
     assert start == 0 and flat.numel() == 192 + 4 * 8 and flat.data_ptr() == buffer.data_ptr()
     copy = rebase(batch, flat.clone(), start)
@@ -213,3 +210,25 @@ def test_auto_prefetch_holds_about_32_mib_of_pinned_batches():
     assert auto_prefetch(8, tiles, pin_memory=True) == 3
     assert auto_prefetch(8, 256 * (3 * 32 * 32 + 8), pin_memory=True) == 8
     assert auto_prefetch(1, 10 * 2**30, pin_memory=True) == 2  # never below two
+
+
+def test_a_power_of_two_field_gets_its_own_pinned_buffer(tmp_path):
+    from fastload._pinned import pinned_block_bytes, split_layout
+
+    assert split_layout([8 * 2**20, 2048], 8 * 2**20 + 2048) and not split_layout([12 * 2**20, 2048], 12 * 2**20 + 2048)
+    assert pinned_block_bytes(12_584_960) == 16 * 2**20 and pinned_block_bytes(4096) == 4096
+    out = tmp_path / "ds"
+    fastload.write_arrays(out, {"image": np.arange(30 * 64, dtype=np.uint8).reshape(30, 4, 4, 4),
+                                "label": np.arange(30, dtype=np.int64)}, codec={"image": "zstd"})
+    alloc = TrackingAllocator()
+    loader = ShardLoader(out, batch_size=8, shuffle=True, seed=2, num_threads=2)
+    loader._host_allocator = alloc
+    got = [dict(b) for b in loader]
+    assert alloc.sizes == [512, 64] * 4  # 8 x 64-byte images in 512 bytes, not one 576-byte (1 KiB) buffer
+    for i, batch in enumerate(got):
+        assert batch["image"].untyped_storage().data_ptr() == alloc.buffers[2 * i]().ctypes.data
+        assert batch["label"].untyped_storage().data_ptr() == alloc.buffers[2 * i + 1]().ctypes.data
+    assert batches_equal(got, list(ShardLoader(out, batch_size=8, shuffle=True, seed=2, num_threads=1)))
+    only_labels = ShardLoader(out, batch_size=8, fields=["label"], num_threads=2)
+    only_labels._host_allocator = TrackingAllocator()
+    assert [b["label"].tolist() for b in only_labels][0] == list(range(8))

@@ -144,6 +144,10 @@ void test_slot_pool() {
     threw = true;
   }
   CHECK(threw);
+  std::vector<uint8_t> f0(8), f1(8);
+  pool->add_split({f0.data(), nullptr, f1.data()}, std::make_shared<int>(3), /*reusable=*/false);
+  auto split = pool->try_acquire();
+  CHECK(split && split->field_data.size() == 3 && split->field_data[0] == f0.data() && !split->field_data[1]);
 }
 
 }  // namespace

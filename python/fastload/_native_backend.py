@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ._dataset import ShardDataset
-from ._pinned import FieldViews, HostAllocator, allocate_pinned
+from ._pinned import FieldViews, HostAllocator, allocate_pinned, split_layout
 
 _native: Any
 try:
@@ -80,29 +80,44 @@ class NativeEpoch:
         self._next_submit = 0
         self._delivered = 0
         self._allocator = settings.allocator()
-        self._buffers: deque[torch.Tensor] = deque()  # single-use buffers of submitted batches, in order
+        self._buffers: deque[list[torch.Tensor]] = deque()  # single-use buffers of submitted batches, in order
         self._reader: Any = _native.BatchReader(
             shards, [(f.codec_id, f.itemsize, f.nbytes) for f in schema], [f.np_dtype for f in schema],
             [list(f.shape) for f in schema], [f.name in wanted for f in schema], batch_size,
             settings.num_threads, settings.verify_checksums, settings.sample_delay_us)
         self._views: FieldViews | None = None
+        self._split = False
         if self._allocator is not None:
             decoded = [f for f in schema if f.name in wanted]
-            self._views = FieldViews(self._names, self._reader.field_offsets,
+            sizes = [b for f, b in zip(schema, self._reader.field_bytes) if f.name in wanted]
+            self._split = split_layout(sizes, self._reader.slot_bytes)
+            offsets = [0] * len(decoded) if self._split else self._reader.field_offsets
+            self._views = FieldViews(self._names, offsets,
                                      [torch.from_numpy(np.empty(0, f.np_dtype)).dtype for f in decoded],
                                      [f.shape for f in decoded])
+            self._wanted = [f.name in wanted for f in schema]
 
     def _submit_ahead(self) -> None:
         reader = self._reader
         while self._next_submit < self._num_batches and self._next_submit - self._delivered < self._settings.prefetch:
             if self._allocator is not None:
-                buffer = self._allocator(reader.slot_bytes)
-                reader.add_slot(buffer.numpy(), reusable=False)
-                self._buffers.append(buffer)
+                self._buffers.append(self._new_buffers())
             elif reader.free_slots == 0:
                 reader.add_slot(np.empty(reader.slot_bytes, dtype=np.uint8))
             reader.submit(self._batch_indices(self._next_submit))
             self._next_submit += 1
+
+    def _new_buffers(self) -> list[torch.Tensor]:
+        """Allocate one batch's single-use buffers and add them to the reader; one per decoded field if split."""
+        assert self._allocator is not None
+        reader = self._reader
+        if not self._split:
+            buffer = self._allocator(reader.slot_bytes)
+            reader.add_slot(buffer.numpy(), reusable=False)
+            return [buffer] * len(self._names)
+        per_field = [self._allocator(n) if w else None for n, w in zip(reader.field_bytes, self._wanted)]
+        reader.add_split_slot([b.numpy() if b is not None else None for b in per_field], reusable=False)
+        return [b for b in per_field if b is not None]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self

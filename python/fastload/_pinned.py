@@ -11,7 +11,10 @@ those events complete. No call is needed from the user, and steady loops
 still allocate nothing new: the cache reuses the blocks.
 
 torch rounds each pinned block up to a power of two; ``pinned_block_bytes``
-gives the bytes one batch really holds.
+gives the bytes one allocation really holds. When one buffer per field rounds
+to fewer bytes than one buffer for the whole batch (a field of a power-of-two
+size plus a small label field would otherwise take twice its size), each field
+gets its own buffer (``split_layout``).
 """
 
 from __future__ import annotations
@@ -39,8 +42,17 @@ def pinned_block_bytes(nbytes: int) -> int:
     return 1 << max(0, nbytes - 1).bit_length() if nbytes > 0 else 0
 
 
+def split_layout(field_bytes: Sequence[int], slot_bytes: int) -> bool:
+    """Return whether one pinned buffer per field holds fewer bytes, after torch's rounding, than one per batch."""
+    return sum(pinned_block_bytes(b) for b in field_bytes) < pinned_block_bytes(slot_bytes)
+
+
 class FieldViews:
-    """Builds a batch's tensors as zero-copy views of its buffer (one ``set_`` per field)."""
+    """Builds a batch's tensors as zero-copy views of its buffers (one ``set_`` per field).
+
+    ``offsets`` are byte offsets of each field in its buffer: the reader's
+    field offsets for one buffer per batch, zeros for one buffer per field.
+    """
 
     def __init__(self, names: Sequence[str], offsets: Sequence[int], dtypes: Sequence[torch.dtype],
                  shapes: Sequence[Sequence[int]]) -> None:
@@ -60,10 +72,10 @@ class FieldViews:
             self._fields.append((name, offset // itemsize, dtype, tuple(int(d) for d in shape), per_sample,
                                  tuple(reversed(strides))))
 
-    def __call__(self, buffer: torch.Tensor, count: int) -> dict[str, torch.Tensor]:
-        """Return ``{name: tensor[count, *shape]}`` viewing ``buffer``'s storage."""
-        storage = buffer.untyped_storage()
+    def __call__(self, buffers: Sequence[torch.Tensor], count: int) -> dict[str, torch.Tensor]:
+        """Return ``{name: tensor[count, *shape]}``, each viewing the storage of its field's buffer."""
         out = {}
-        for name, offset, dtype, shape, per_sample, strides in self._fields:
-            out[name] = torch.empty(0, dtype=dtype).set_(storage, offset, (count, *shape), (per_sample, *strides))
+        for buffer, (name, offset, dtype, shape, per_sample, strides) in zip(buffers, self._fields):
+            out[name] = torch.empty(0, dtype=dtype).set_(buffer.untyped_storage(), offset, (count, *shape),
+                                                         (per_sample, *strides))
         return out
