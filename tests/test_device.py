@@ -232,3 +232,24 @@ def test_a_power_of_two_field_gets_its_own_pinned_buffer(tmp_path):
     only_labels = ShardLoader(out, batch_size=8, fields=["label"], num_threads=2)
     only_labels._host_allocator = TrackingAllocator()
     assert [b["label"].tolist() for b in only_labels][0] == list(range(8))
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_break_and_del_release_every_pinned_buffer(small_dataset, device):
+    alloc = TrackingAllocator()
+    loader = ShardLoader(small_dataset, batch_size=4, num_threads=2, prefetch=3)
+    loader._host_allocator = alloc
+    if device:
+        loader._transfer_ops = LaggingOps()
+    for i, _batch in enumerate(loader):
+        if i == 2:
+            break
+    del _batch
+    assert alloc.live(collect=True) == 0  # break closed the epoch: buffers of batches not delivered are released
+    it = iter(loader)
+    first = next(it)
+    del it
+    # only the batch the caller holds; with a device the caller holds a device copy, no host memory
+    assert alloc.live(collect=True) == (0 if device else 1)
+    del first
+    assert alloc.live(collect=True) == 0
