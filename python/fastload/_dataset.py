@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import _lmdb_envs
-from ._format import Field, RecordDecodeError, decode_record, decode_record_into
+from ._format import Field, RecordDecodeError, decode_record, decode_record_into, record_layout
 from ._manifest import Manifest, load_manifest
 from ._shard_writer import record_key
 from ._splits import resolve_dataset_path
@@ -147,17 +147,19 @@ class ShardDataset(torch.utils.data.Dataset):
             shard, key = self.locate(int(index))
             by_shard.setdefault(shard, []).append((position, key))
         schema = self.manifest.fields
+        layout = record_layout(schema)
+        verify = self.verify_checksums
         for shard, items in by_shard.items():
-            path = self.path / self.manifest.shards[shard].file
             with self._env(shard).begin(buffers=True) as txn:
                 for position, key in items:
                     raw = txn.get(record_key(key))
-                    if raw is None:
-                        raise CorruptRecordError(str(path), key, "key not found in the shard")
                     try:
+                        if raw is None:
+                            raise RecordDecodeError("key not found in the shard")
                         decode_record_into(raw, schema, [r[position] if r is not None else None for r in rows],
-                                           self.verify_checksums)
+                                           verify, layout)
                     except RecordDecodeError as err:
+                        path = self.path / self.manifest.shards[shard].file
                         raise CorruptRecordError(str(path), key, str(err)) from None
         return tensors
 

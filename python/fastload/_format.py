@@ -167,13 +167,24 @@ def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: b
     return [a.view(f.np_dtype).reshape(f.shape) for a, f in zip(out, fields)]
 
 
+FieldLayout = tuple[int, str, int, int]  # codec id, codec, decoded bytes, item size
+
+
+def record_layout(fields: Sequence[Field]) -> list[FieldLayout]:
+    """Return what decoding needs of each field, computed once per schema rather than per record."""
+    return [(f.codec_id, f.codec, f.nbytes, f.itemsize) for f in fields]
+
+
 def decode_record_into(record: bytes | memoryview, fields: Sequence[Field], out: Sequence[np.ndarray | None],
-                       verify: bool = True) -> None:
+                       verify: bool = True, layout: Sequence[FieldLayout] | None = None) -> None:
     """Decode one record into ``out``: per field a contiguous uint8 array of its decoded bytes, or None to skip it.
 
     Every field's header is checked, skipped or not; a skipped field's payload is neither decoded
-    nor verified. Raises RecordDecodeError with the reason when any length, codec or checksum is wrong.
+    nor verified. ``layout`` is ``record_layout(fields)``, passed by callers that decode many
+    records. Raises RecordDecodeError with the reason when any length, codec or checksum is wrong.
     """
+    if layout is None:
+        layout = record_layout(fields)
     size = len(record)
     if size < _HEADER.size:
         raise RecordDecodeError(f"record of {size} bytes is shorter than its header")
@@ -182,39 +193,41 @@ def decode_record_into(record: bytes | memoryview, fields: Sequence[Field], out:
         raise RecordDecodeError("bad magic")
     if version != RECORD_VERSION:
         raise RecordDecodeError(f"unsupported record version {version}")
-    if count != len(fields):
-        raise RecordDecodeError(f"record has {count} fields, schema has {len(fields)}")
+    if count != len(layout):
+        raise RecordDecodeError(f"record has {count} fields, schema has {len(layout)}")
     header = _HEADER.size + _ENTRY.size * count
     if size < header:
         raise RecordDecodeError("record truncated inside its header")
-    starts = [_HEADER.size + _ENTRY.size * i for i in range(count)]
-    entries = [_ENTRY.unpack_from(record, s) for s in starts]
+    entries = []
     total = header
-    for i, (f, (codec, enc, dec, _digest)) in enumerate(zip(fields, entries)):
-        if codec != f.codec_id:
-            raise RecordDecodeError(f"field {i}: codec {codec} differs from the schema's {f.codec_id}")
-        if record[starts[i] + 1 : starts[i] + 4] != b"\0\0\0":
+    for i, (codec_id, codec_name, nbytes, _itemsize) in enumerate(layout):
+        start = _HEADER.size + _ENTRY.size * i
+        codec, enc, dec, digest = _ENTRY.unpack_from(record, start)
+        if codec != codec_id:
+            raise RecordDecodeError(f"field {i}: codec {codec} differs from the schema's {codec_id}")
+        if record[start + 1 : start + 4] != b"\0\0\0":
             raise RecordDecodeError(f"field {i}: reserved bytes are not zero")
-        if dec != f.nbytes:
-            raise RecordDecodeError(f"field {i}: decoded length {dec} differs from the schema's {f.nbytes}")
-        if f.codec == "raw" and enc != dec:
+        if dec != nbytes:
+            raise RecordDecodeError(f"field {i}: decoded length {dec} differs from the schema's {nbytes}")
+        if codec_name == "raw" and enc != dec:
             raise RecordDecodeError(f"field {i}: raw payload of {enc} bytes, expected {dec}")
         if enc > size - total:
             raise RecordDecodeError(f"field {i}: length {enc} runs past the end of the record")
         total += enc
+        entries.append((enc, dec, digest))
     if total != size:
         raise RecordDecodeError(f"record has {size - total} bytes after its payloads")
     offset = header
     view = memoryview(record)
-    for i, (f, (_codec, enc, dec, digest), dest) in enumerate(zip(fields, entries, out)):
+    for i, ((_id, codec_name, _nbytes, itemsize), (enc, dec, digest), dest) in enumerate(zip(layout, entries, out)):
         payload = view[offset : offset + enc]
         offset += enc
         if dest is None:
             continue
-        if f.codec == "raw":
+        if codec_name == "raw":
             dest[:] = np.frombuffer(payload, dtype=np.uint8)
-        elif f.codec == "zstd-shuffle" and f.itemsize > 1:
-            dest[:] = unshuffle_bytes(_decompress(payload, dec, i).tobytes(), f.itemsize).view(np.uint8)
+        elif codec_name == "zstd-shuffle" and itemsize > 1:
+            dest[:] = unshuffle_bytes(_decompress(payload, dec, i).tobytes(), itemsize)
         else:
             dest[:] = _decompress(payload, dec, i)
         if verify and xxhash.xxh3_64_intdigest(dest.data) != digest:
