@@ -174,7 +174,6 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
 
 void BatchReader::worker_main() {
   RecordDecoder decoder(fields_, verify_);
-  std::vector<std::unique_ptr<ShardTxn>> txns(shards_->size());
   std::shared_ptr<Job> job;
   for (;;) {
     if (!job) {
@@ -197,7 +196,7 @@ void BatchReader::worker_main() {
     }
     std::exception_ptr error;
     try {
-      run_chunk(*job, chunk, decoder, txns);
+      run_chunk(*job, chunk, decoder);
     } catch (...) {
       error = std::current_exception();
     }
@@ -219,8 +218,7 @@ void BatchReader::worker_main() {
   }
 }
 
-void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder,
-                            std::vector<std::unique_ptr<ShardTxn>>& txns) {
+void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder) {
   const size_t begin = chunk * chunk_size_;
   const size_t end = std::min(begin + chunk_size_, job.indices.size());
   std::vector<uint8_t*> dest(fields_.size());
@@ -229,8 +227,7 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder,
   for (size_t i = begin; i < end; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     const auto [shard, key] = shards_->locate(job.indices[i]);
-    if (!txns[shard]) txns[shard] = std::make_unique<ShardTxn>(shards_->shard(shard));
-    const auto [data, size] = txns[shard]->get(key);
+    const auto [data, size] = shards_->shard(shard).record(key);
     if (delay_us_ != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
     read_ns += elapsed_ns(t0);
     bytes_read += size;

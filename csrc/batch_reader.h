@@ -6,8 +6,8 @@
 // submission order with wait_next(). Workers split every batch into chunks
 // (about 4 per thread, none under 64 KiB of output) and claim them with an
 // atomic counter, so all threads work on the oldest batch first without
-// contending for a lock. Each worker owns a
-// RecordDecoder and one LMDB read transaction per shard it touches.
+// contending for a lock. Each worker owns a RecordDecoder; records are read
+// straight from the shards' validated mappings (shard_reader.h).
 //
 // A worker's error (corrupt record, missing key) is stored with its batch as
 // an exception_ptr and rethrown by wait_next() at that batch; batches before
@@ -55,15 +55,15 @@ struct ReaderOptions {
   size_t num_threads = 1;
   bool verify_checksums = true;
   std::vector<bool> decode_field;  // per field; empty means every field
-  uint32_t sample_delay_us = 0;    // testing only: slows every LMDB read
+  uint32_t sample_delay_us = 0;    // testing only: slows every record read
 };
 
 struct ReaderStats {
   uint64_t batches = 0;        // delivered to the consumer
   uint64_t samples = 0;        // decoded by workers
-  uint64_t bytes_read = 0;     // record bytes taken from LMDB
+  uint64_t bytes_read = 0;     // record bytes taken from the shards
   uint64_t bytes_decoded = 0;  // bytes written into batch buffers
-  uint64_t read_ns = 0;        // in LMDB lookups, summed over workers
+  uint64_t read_ns = 0;        // in record lookups, summed over workers
   uint64_t decode_ns = 0;      // in decompress/copy/verify, summed over workers
   uint64_t decompress_ns = 0;  // the part of decode_ns spent inside zstd
   uint64_t wait_ns = 0;        // the consumer blocked in wait_next
@@ -111,7 +111,7 @@ class BatchReader {
  private:
   struct Job;
   void worker_main();
-  void run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, std::vector<std::unique_ptr<ShardTxn>>& txns);
+  void run_chunk(Job& job, size_t chunk, RecordDecoder& decoder);
 
   std::shared_ptr<const ShardSet> shards_;
   std::vector<FieldSpec> fields_;

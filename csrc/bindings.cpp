@@ -324,11 +324,30 @@ PYBIND11_MODULE(_native, m) {
   m.def("decode_records", &decode_records, py::arg("blob"), py::arg("offsets"), py::arg("fields"), py::arg("out"),
         py::arg("verify") = true, "Decodes records laid end to end in one thread (a benchmark floor).");
   m.def("lookup_records", &lookup_records, py::arg("shards"), py::arg("indices"),
-        "Looks records up in LMDB in one thread without decoding; returns their total bytes (a floor).");
+        "Looks records up in the shards in one thread without decoding; returns their total bytes (a floor).");
+  m.def(
+      "validate_shard",
+      [](const std::string& path, uint64_t expected_records) {
+        ShardLayout layout;
+        {
+          py::gil_scoped_release release;
+          layout = validate_shard_file(path, expected_records);
+        }
+        py::dict out;
+        out["page_size"] = layout.page_size;
+        out["last_page"] = layout.last_page;
+        out["depth"] = layout.depth;
+        out["branch_pages"] = layout.branch_pages;
+        out["leaf_pages"] = layout.leaf_pages;
+        out["overflow_pages"] = layout.overflow_pages;
+        return out;
+      },
+      py::arg("path"), py::arg("expected_records"),
+      "Validates a shard file's whole LMDB structure (CorruptShardError if unsound); returns a summary.");
   m.attr("RECORD_MAGIC") = kRecordMagic;
   m.attr("RECORD_VERSION") = kRecordVersion;
 
-  py::class_<ShardSet, std::shared_ptr<ShardSet>>(m, "ShardSet", "The opened LMDB shards of one dataset.")
+  py::class_<ShardSet, std::shared_ptr<ShardSet>>(m, "ShardSet", "The shards of one dataset, mapped and validated.")
       .def(py::init([](const std::vector<std::string>& paths, const std::vector<uint64_t>& counts) {
              py::gil_scoped_release release;
              return std::make_shared<ShardSet>(paths, counts);

@@ -1,7 +1,5 @@
 #include "floors.h"
 
-#include <memory>
-
 #include "errors.h"
 
 namespace fastload {
@@ -21,12 +19,10 @@ void decode_all(const uint8_t* blob, const std::vector<uint64_t>& offsets, const
 }
 
 uint64_t lookup_all(const ShardSet& shards, const std::vector<uint64_t>& indices) {
-  std::vector<std::unique_ptr<ShardTxn>> txns(shards.size());
   uint64_t total = 0;
   for (uint64_t index : indices) {
     const auto [shard, key] = shards.locate(index);
-    if (!txns[shard]) txns[shard] = std::make_unique<ShardTxn>(shards.shard(shard));
-    total += txns[shard]->get(key).second;
+    total += shards.shard(shard).record(key).second;
   }
   return total;
 }

@@ -2,7 +2,7 @@
 // the hardware and libraries do with no thread pool and no Python per record.
 //
 // Thread safety: free functions; each call uses only its arguments.
-// Errors: as RecordDecoder and ShardTxn (DecodeError, CorruptRecordError).
+// Errors: as RecordDecoder and ShardFile (DecodeError, CorruptRecordError).
 #pragma once
 
 #include <cstddef>

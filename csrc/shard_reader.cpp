@@ -1,86 +1,97 @@
 #include "shard_reader.h"
 
-#include <lmdb.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <string>
 
+#include "checked_math.h"
 #include "errors.h"
 
 namespace fastload {
 namespace {
 
-std::string lmdb_text(int rc) { return std::string(mdb_strerror(rc)); }
-
-void store_key(uint64_t key, unsigned char out[8]) noexcept {
-  for (int i = 7; i >= 0; --i) {
-    out[i] = static_cast<unsigned char>(key & 0xFF);
-    key >>= 8;
+// An open file descriptor, closed on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd) noexcept : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
   }
-}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const noexcept { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// A read-only shared mapping of a whole file; unmapped unless released.
+class Mapping {
+ public:
+  Mapping(const std::string& path, const uint8_t** data, size_t* bytes) {
+    // O_NONBLOCK: opening a FIFO must not wait for a writer.
+    Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+    if (fd.get() < 0) {
+      if (errno == ENOENT) throw ShardNotFoundError(path);
+      throw CorruptShardError(path, std::string("cannot open the file (") + std::strerror(errno) + ")");
+    }
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw CorruptShardError(path, "cannot stat the file");
+    if (!S_ISREG(st.st_mode)) throw CorruptShardError(path, "not a regular file");
+    if (st.st_size == 0) throw CorruptShardError(path, "the file is empty (0 bytes)");
+    if (static_cast<uint64_t>(st.st_size) < kMinShardBytes) {
+      throw CorruptShardError(path, std::to_string(st.st_size) + " bytes, too short for an LMDB file");
+    }
+    bytes_ = static_cast<size_t>(st.st_size);
+    void* p = ::mmap(nullptr, bytes_, PROT_READ, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) throw CorruptShardError(path, std::string("cannot map the file (") + std::strerror(errno) + ")");
+    data_ = static_cast<const uint8_t*>(p);
+    *data = data_;
+    *bytes = bytes_;
+  }
+  ~Mapping() {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), bytes_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  void release() noexcept { data_ = nullptr; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
 
 }  // namespace
 
-ShardEnv::ShardEnv(std::string path, uint64_t expected_records) : path_(std::move(path)), records_(expected_records) {
-  struct stat st {};
-  if (::stat(path_.c_str(), &st) != 0) {
-    if (errno == ENOENT) throw ShardNotFoundError(path_);
-    throw CorruptShardError(path_, "cannot stat the file");
-  }
-  int rc = mdb_env_create(&env_);
-  if (rc != 0) throw CorruptShardError(path_, "mdb_env_create: " + lmdb_text(rc));
-  try {
-    const size_t file_size = static_cast<size_t>(st.st_size);
-    rc = mdb_env_set_mapsize(env_, std::max<size_t>(file_size, 1));
-    if (rc == 0) rc = mdb_env_open(env_, path_.c_str(), MDB_RDONLY | MDB_NOSUBDIR | MDB_NOLOCK | MDB_NOTLS, 0444);
-    if (rc != 0) throw CorruptShardError(path_, "not a readable LMDB file (" + lmdb_text(rc) + ")");
-    MDB_envinfo info{};
-    MDB_stat stat{};
-    mdb_env_info(env_, &info);
-    rc = mdb_env_stat(env_, &stat);
-    if (rc != 0) throw CorruptShardError(path_, "mdb_env_stat: " + lmdb_text(rc));
-    const size_t needed = (static_cast<size_t>(info.me_last_pgno) + 1) * stat.ms_psize;
-    if (file_size < needed) {
-      throw CorruptShardError(path_, "truncated: the file has " + std::to_string(file_size) +
-                                         " bytes, its LMDB pages need " + std::to_string(needed));
-    }
-    if (stat.ms_entries != expected_records) {
-      throw CorruptShardError(path_, "holds " + std::to_string(stat.ms_entries) + " records, the manifest says " +
-                                         std::to_string(expected_records));
-    }
-  } catch (...) {
-    mdb_env_close(env_);
-    throw;
-  }
+ShardFile::ShardFile(std::string path, uint64_t expected_records) : path_(std::move(path)) {
+  Mapping mapping(path_, &map_, &map_bytes_);
+  layout_ = validate_lmdb(map_, map_bytes_, expected_records, path_);
+  spans_ = std::move(layout_.records);
+  layout_.records.clear();
+  mapping.release();  // owned by this ShardFile from here on
 }
 
-ShardEnv::~ShardEnv() { mdb_env_close(env_); }
+ShardFile::~ShardFile() { ::munmap(const_cast<uint8_t*>(map_), map_bytes_); }
 
-ShardTxn::ShardTxn(const ShardEnv& shard) : shard_(shard) {
-  int rc = mdb_txn_begin(shard_.env(), nullptr, MDB_RDONLY, &txn_);
-  if (rc != 0) throw CorruptShardError(shard_.path(), "mdb_txn_begin: " + lmdb_text(rc));
-  MDB_dbi dbi = 0;
-  rc = mdb_dbi_open(txn_, nullptr, 0, &dbi);
-  if (rc != 0) {
-    mdb_txn_abort(txn_);
-    throw CorruptShardError(shard_.path(), "mdb_dbi_open: " + lmdb_text(rc));
-  }
-  dbi_ = dbi;
+void ShardFile::throw_missing(uint64_t key) const {
+  throw CorruptRecordError(path_, key, "key not found in the shard (it holds " + std::to_string(spans_.size()) +
+                                           " records)");
 }
 
-ShardTxn::~ShardTxn() { mdb_txn_abort(txn_); }
-
-std::pair<const uint8_t*, size_t> ShardTxn::get(uint64_t key) const {
-  unsigned char key_bytes[8];
-  store_key(key, key_bytes);
-  MDB_val k{sizeof(key_bytes), key_bytes};
-  MDB_val v{0, nullptr};
-  const int rc = mdb_get(txn_, dbi_, &k, &v);
-  if (rc == MDB_NOTFOUND) throw CorruptRecordError(shard_.path(), key, "key not found in the shard");
-  if (rc != 0) throw CorruptRecordError(shard_.path(), key, "mdb_get: " + lmdb_text(rc));
-  return {static_cast<const uint8_t*>(v.mv_data), v.mv_size};
+ShardLayout validate_shard_file(const std::string& path, uint64_t expected_records) {
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+  Mapping mapping(path, &data, &bytes);
+  ShardLayout layout = validate_lmdb(data, bytes, expected_records, path);
+  layout.records.clear();
+  layout.records.shrink_to_fit();
+  return layout;
 }
 
 ShardSet::ShardSet(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts) {
@@ -88,8 +99,10 @@ ShardSet::ShardSet(const std::vector<std::string>& paths, const std::vector<uint
   offsets_.reserve(paths.size() + 1);
   offsets_.push_back(0);
   for (size_t i = 0; i < paths.size(); ++i) {
-    shards_.push_back(std::make_unique<ShardEnv>(paths[i], counts[i]));
-    offsets_.push_back(offsets_.back() + counts[i]);
+    shards_.push_back(std::make_unique<ShardFile>(paths[i], counts[i]));
+    uint64_t next = 0;
+    if (!checked_add(offsets_.back(), counts[i], &next)) throw FastloadError("ShardSet: record counts overflow");
+    offsets_.push_back(next);
   }
 }
 

@@ -1,15 +1,21 @@
-// ShardSet and ShardTxn: read-only access to the LMDB shards of one dataset.
+// ShardSet and ShardFile: read-only access to the LMDB shards of one dataset,
+// without liblmdb.
 //
-// A ShardSet opens every shard once (single-file environments, MDB_RDONLY |
-// MDB_NOLOCK, so nothing is written next to the data) and checks, before any
-// page is touched, that the file is as long as LMDB's meta page says and that
-// it holds the record count the manifest promised. A truncated file would
-// otherwise fault (SIGBUS) on first access through the memory map.
+// A ShardFile maps one shard file read-only and validates its whole LMDB
+// structure once (lmdb_validator.h) before any record is read. The walk
+// learns where every record's value lies in the file, so a read is an index
+// into the mapping: no B-tree descent, no read transaction, and no LMDB code
+// running on untrusted pages. Shards are immutable, so there is nothing else
+// LMDB would add for a reader. A file modified while mapped is outside this
+// guarantee (as for any memory-mapped reader).
 //
-// Thread safety: a ShardSet is immutable after construction and may be shared.
-// A ShardTxn is one read transaction on one shard and belongs to one thread.
-// Errors: ShardNotFoundError, CorruptShardError (open), CorruptRecordError
-// (a key that is missing).
+// Before mapping, the file must be a regular file (opened with O_NONBLOCK, so
+// a FIFO never blocks) and not empty.
+//
+// Thread safety: a ShardSet and its ShardFiles are immutable after
+// construction and may be shared by any number of threads.
+// Errors: ShardNotFoundError, CorruptShardError (construction),
+// CorruptRecordError (a key past the shard's count).
 #pragma once
 
 #include <cstddef>
@@ -19,44 +25,37 @@
 #include <utility>
 #include <vector>
 
-struct MDB_env;
-struct MDB_txn;
+#include "lmdb_validator.h"
 
 namespace fastload {
 
-class ShardEnv {
+class ShardFile {
  public:
-  ShardEnv(std::string path, uint64_t expected_records);
-  ~ShardEnv();
-  ShardEnv(const ShardEnv&) = delete;
-  ShardEnv& operator=(const ShardEnv&) = delete;
+  ShardFile(std::string path, uint64_t expected_records);
+  ~ShardFile();
+  ShardFile(const ShardFile&) = delete;
+  ShardFile& operator=(const ShardFile&) = delete;
 
-  MDB_env* env() const noexcept { return env_; }
   const std::string& path() const noexcept { return path_; }
-  uint64_t records() const noexcept { return records_; }
-
- private:
-  std::string path_;
-  uint64_t records_;
-  MDB_env* env_ = nullptr;
-};
-
-// One read transaction plus the database handle, for one thread.
-class ShardTxn {
- public:
-  explicit ShardTxn(const ShardEnv& shard);
-  ~ShardTxn();
-  ShardTxn(const ShardTxn&) = delete;
-  ShardTxn& operator=(const ShardTxn&) = delete;
+  uint64_t records() const noexcept { return spans_.size(); }
+  const ShardLayout& layout() const noexcept { return layout_; }
 
   // The bytes of record `key` (the index within the shard), valid while the
-  // transaction lives. Throws CorruptRecordError when the key is missing.
-  std::pair<const uint8_t*, size_t> get(uint64_t key) const;
+  // ShardFile lives. Throws CorruptRecordError when the key is out of range.
+  std::pair<const uint8_t*, size_t> record(uint64_t key) const {
+    if (key >= spans_.size()) throw_missing(key);
+    const RecordSpan& s = spans_[key];
+    return {map_ + s.offset, s.size};
+  }
 
  private:
-  const ShardEnv& shard_;
-  MDB_txn* txn_ = nullptr;
-  unsigned int dbi_ = 0;
+  [[noreturn]] void throw_missing(uint64_t key) const;
+
+  std::string path_;
+  const uint8_t* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  ShardLayout layout_;
+  std::vector<RecordSpan> spans_;
 };
 
 class ShardSet {
@@ -65,15 +64,20 @@ class ShardSet {
 
   size_t size() const noexcept { return shards_.size(); }
   uint64_t total_records() const noexcept { return offsets_.back(); }
-  const ShardEnv& shard(size_t i) const { return *shards_.at(i); }
+  const ShardFile& shard(size_t i) const { return *shards_.at(i); }
 
   // Maps a global sample index to (shard, key within shard). Throws
   // FastloadError when the index is out of range.
   std::pair<size_t, uint64_t> locate(uint64_t global_index) const;
 
  private:
-  std::vector<std::unique_ptr<ShardEnv>> shards_;
+  std::vector<std::unique_ptr<ShardFile>> shards_;
   std::vector<uint64_t> offsets_;  // offsets_[i] = first global index of shard i
 };
+
+// Maps `path` and validates it as a shard of `expected_records` records;
+// returns the layout (used by `fastload verify` and ShardDataset before they
+// let py-lmdb open the file). Throws as ShardFile's constructor.
+ShardLayout validate_shard_file(const std::string& path, uint64_t expected_records);
 
 }  // namespace fastload

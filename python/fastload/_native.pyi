@@ -31,10 +31,13 @@ def decode_records(blob: ArrayLike, offsets: ArrayLike, fields: Sequence[FieldTu
     """Decode records laid end to end in one thread (a benchmark floor)."""
 
 def lookup_records(shards: ShardSet, indices: ArrayLike) -> int:
-    """Look records up in LMDB in one thread without decoding; return their total bytes (a floor)."""
+    """Look records up in the shards in one thread without decoding; return their total bytes (a floor)."""
+
+def validate_shard(path: str, expected_records: int) -> dict[str, int]:
+    """Validate a shard file's whole LMDB structure (CorruptShardError if unsound); return a summary."""
 
 class ShardSet:
-    """The opened LMDB shards of one dataset."""
+    """The shards of one dataset, mapped and validated."""
 
     def __init__(self, paths: Sequence[str], counts: Sequence[int]) -> None: ...
     def __len__(self) -> int: ...
