@@ -17,10 +17,11 @@ import torch
 
 from . import _lmdb_envs
 from ._format import Field, RecordDecodeError, decode_record, decode_record_into, record_layout
-from ._manifest import Manifest, load_manifest
+from ._manifest import load_manifest
+from ._shard_files import check_shard_files
 from ._shard_writer import record_key
 from ._splits import resolve_dataset_path
-from .errors import CorruptRecordError, CorruptShardError, ShardNotFoundError
+from .errors import CorruptRecordError
 
 
 def _empty_batch(count: int, field: Field, shared: bool) -> torch.Tensor:
@@ -30,18 +31,6 @@ def _empty_batch(count: int, field: Field, shared: bool) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
     storage = torch.UntypedStorage._new_shared(max(1, count * field.nbytes))
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, torch.empty(shape, device="meta").stride())
-
-
-def check_shard_files(directory: Path, manifest: Manifest) -> None:
-    """Check every shard exists with the size the manifest gives, without opening it."""
-    for shard in manifest.shards:
-        path = directory / shard.file
-        if not path.is_file():
-            raise ShardNotFoundError(str(path))
-        size = path.stat().st_size
-        if size != shard.bytes:
-            hint = " (truncated)" if size < shard.bytes else ""
-            raise CorruptShardError(str(path), f"open: {path}: {size} bytes, the manifest says {shard.bytes}{hint}")
 
 
 def select_fields(schema: Sequence[Field], fields: Sequence[str] | None) -> list[Field]:
@@ -65,14 +54,18 @@ class ShardDataset(torch.utils.data.Dataset):
     Opens LMDB lazily, so it pickles to ``spawn`` workers (which open their own
     handles) and works in ``fork`` workers (which use the inherited read-only
     ones). Scalars come back as 0-d tensors, arrays with the schema's dtype and
-    shape.
+    shape. Every shard's LMDB structure is validated before py-lmdb opens it;
+    a shard whose real path leaves the dataset directory (a symbolic link out
+    of it) is refused unless ``allow_external_shards`` is true.
     """
 
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None,
-                 verify_checksums: bool = True, split: str | None = None) -> None:
+                 verify_checksums: bool = True, split: str | None = None,
+                 allow_external_shards: bool = False) -> None:
         self.path = resolve_dataset_path(path, split)  # a root with splits.json needs split=
         self.manifest = load_manifest(self.path)
-        check_shard_files(self.path, self.manifest)
+        self.allow_external_shards = bool(allow_external_shards)
+        check_shard_files(self.path, self.manifest, self.allow_external_shards)
         self.fields = select_fields(self.manifest.fields, fields)
         self.verify_checksums = verify_checksums
         self._wanted = [f in self.fields for f in self.manifest.fields]

@@ -9,6 +9,9 @@ and py-lmdb's record of them, so it cannot open the file again; it uses the
 inherited handle instead. That is safe here because shards are opened
 read-only with ``lock=False`` (MDB_NOLOCK): no lock file or reader table is
 shared, a read transaction only reads the memory map.
+
+Every shard is validated (``_lmdb_check.validate_shard``) before py-lmdb opens
+it, once per process while its environment is open.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import lmdb
 
+from ._lmdb_check import validate_shard
 from .errors import CorruptShardError, ShardNotFoundError
 
 _lock = threading.Lock()
@@ -26,6 +30,8 @@ _open: dict[str, list] = {}  # real path -> [environment, users]
 
 
 def _open_checked(path: Path, expected_count: int) -> lmdb.Environment:
+    # No LMDB code runs on a structure that was not validated first.
+    validate_shard(str(path), expected_count)
     size = path.stat().st_size
     try:
         env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False,

@@ -102,6 +102,10 @@ class ShardLoader:
     batch ahead on a side stream. ``state_dict()`` / ``load_state_dict()``
     resume exactly, also with another world size, and a loader pickles as its
     configuration plus that state (for spawned processes).
+
+    Shards are validated before anything reads them; a shard whose real path
+    leaves the dataset directory is refused unless ``allow_external_shards``
+    is true (a ``ShardDataset`` passed in keeps its own setting).
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class ShardLoader:
         even_batches: bool = True,
         device: str | torch.device | None = None,
         split: str | None = None,
+        allow_external_shards: bool = False,
     ) -> None:
         if split is not None:  # a dataset root with splits.json: pick one split's directory
             if not isinstance(path_or_dataset, (str, os.PathLike)):
@@ -132,10 +137,12 @@ class ShardLoader:
             path_or_dataset = resolve_dataset_path(path_or_dataset, split)
         self.batch_size = _positive_int("batch_size", batch_size)
         if isinstance(path_or_dataset, ShardDataset):
-            self.dataset = path_or_dataset if fields is None else ShardDataset(path_or_dataset.path, fields,
-                                                                                verify_checksums)
+            self.dataset = path_or_dataset if fields is None else ShardDataset(
+                path_or_dataset.path, fields, verify_checksums,
+                allow_external_shards=path_or_dataset.allow_external_shards)
         elif isinstance(path_or_dataset, (str, os.PathLike)):
-            self.dataset = ShardDataset(Path(path_or_dataset), fields, verify_checksums)
+            self.dataset = ShardDataset(Path(path_or_dataset), fields, verify_checksums,
+                                        allow_external_shards=allow_external_shards)
         else:
             raise TypeError(f"expected a dataset directory or a ShardDataset, not {type(path_or_dataset).__name__}")
         if not isinstance(seed, int) or isinstance(seed, bool):

@@ -20,8 +20,9 @@ from tqdm import tqdm
 from . import _lmdb_envs
 from ._format import Field, RecordDecodeError, decode_record
 from ._manifest import HASH_ALGORITHM, ShardInfo, load_manifest
+from ._shard_files import check_shard_file
 from ._shard_writer import record_key
-from .errors import DatasetError, FastloadError
+from .errors import CorruptShardError, DatasetError, FastloadError, ShardNotFoundError
 
 _CHUNK = 1 << 22
 
@@ -59,11 +60,20 @@ def _hash_file(path: Path, advance: Callable[[int], None]) -> str:
 
 
 def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
-                advance: Callable[[int], None] = lambda n: None) -> list[str]:
-    """Return one line per problem of one shard: size, content hash, then every record's checksum."""
+                advance: Callable[[int], None] = lambda n: None, allow_external_shards: bool = False) -> list[str]:
+    """Return one line per problem of one shard: size, content hash, then every record's checksum.
+
+    The file is checked as ``ShardDataset`` checks it (a regular file inside ``directory`` unless
+    ``allow_external_shards``) and its LMDB structure is validated before py-lmdb reads it.
+    """
     path = directory / shard.file
-    if not path.is_file():
+    try:
+        check_shard_file(directory, shard, allow_external_shards, check_size=False)
+    except ShardNotFoundError:
         return [f"{path}: shard file not found"]
+    except CorruptShardError as err:
+        advance(shard.bytes)
+        return [str(err)]
     problems = []
     size = path.stat().st_size
     if size != shard.bytes:
@@ -92,7 +102,8 @@ def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
 
 
 def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool = False,
-                   on_problem: Callable[[str], None] = lambda line: None) -> VerifyReport:
+                   on_problem: Callable[[str], None] = lambda line: None,
+                   allow_external_shards: bool = False) -> VerifyReport:
     """Check one dataset directory with ``jobs`` threads; call ``on_problem`` per problem, in shard order."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
@@ -116,7 +127,7 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
 
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="fastload-verify") as pool:
-            outcomes = pool.map(lambda s: check_shard(directory, s, manifest.fields, advance), manifest.shards)
+            outcomes = pool.map(lambda s: check_shard(directory, s, manifest.fields, advance, allow_external_shards), manifest.shards)
             for shard, problems in zip(manifest.shards, outcomes):
                 report.shards += 1
                 report.records += shard.count
@@ -130,6 +141,6 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
     return report
 
 
-def find_problems(directory: str | os.PathLike) -> Iterator[str]:
+def find_problems(directory: str | os.PathLike, allow_external_shards: bool = False) -> Iterator[str]:
     """Yield one line per problem found in the dataset at ``directory`` (none when it is sound)."""
-    yield from verify_dataset(directory).problems
+    yield from verify_dataset(directory, allow_external_shards=allow_external_shards).problems

@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("directory", help="a dataset, or a root with splits.json (every split is checked)")
     verify.add_argument("--jobs", type=int, default=1, help="shards checked in parallel (threads)")
     verify.add_argument("--no-progress", action="store_true", help="no progress bar")
+    verify.add_argument("--allow-external-shards", action="store_true",
+                        help="read shards whose real path (a symbolic link) leaves the dataset directory")
     info = sub.add_parser("info", help="describe a dataset, or this installation when no directory is given")
     info.add_argument("directory", nargs="?")
     bench = sub.add_parser("bench", help="sweep thread counts over a dataset and recommend one")
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.command == "verify":
-        return _verify(args.directory, args.jobs, not args.no_progress)
+        return _verify(args.directory, args.jobs, not args.no_progress, args.allow_external_shards)
     try:
         print(describe_dataset(args.directory) if args.directory else describe_installation())
     except FastloadError as err:
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _verify(directory: str, jobs: int, progress: bool) -> int:
+def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bool = False) -> int:
     """Verify a dataset or every split of a root: one line per problem, then a summary; return the exit status."""
     if jobs < 1:
         print(f"fastload: error: --jobs must be at least 1, not {jobs}", file=sys.stderr)
@@ -63,7 +65,7 @@ def _verify(directory: str, jobs: int, progress: bool) -> int:
     targets = {directory: Path(directory)} if splits is None else {f"{directory} [{n}]": d for n, d in splits.items()}
     total = VerifyReport()
     for name, path in targets.items():
-        report = verify_dataset(path, jobs, progress, on_problem=print)
+        report = verify_dataset(path, jobs, progress, on_problem=print, allow_external_shards=allow_external_shards)
         if len(targets) > 1:
             print(report.summary(name))
         for attr in ("shards", "records", "bytes", "seconds"):
