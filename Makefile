@@ -12,7 +12,12 @@ ASAN_PRELOAD = $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-
 ASAN_ENV     = PYTHONPATH=$(ASAN_SITE) LD_PRELOAD="$(ASAN_PRELOAD)" \
                ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
-.PHONY: install system-deps demo test test-gpu test-asan test-cpp bench bench-quick lint clean
+FUZZ_PACKAGES := clang libclang-rt-dev
+FUZZ_BUILD   := build/fuzz
+FUZZ_CORPUS  := build/fuzz-corpus
+FUZZ_SECONDS ?= 600
+
+.PHONY: install system-deps demo test test-gpu test-asan test-cpp bench bench-quick lint clean fuzz fuzz-ci fuzz-build
 
 install: $(VENV)/.installed
 
@@ -68,6 +73,23 @@ bench: install
 
 bench-quick: install
 	FASTLOAD_BENCH_QUICK=1 $(PY) -m pytest benchmarks --benchmark-only
+
+# The shard fuzzer (csrc/tests/fuzz_shard.cpp): clang with libFuzzer, ASan and UBSan. Seeds are
+# real shards written by scripts/fuzz_corpus.py; new inputs libFuzzer finds go to build/fuzz-found.
+fuzz-build: install
+	@scripts/install_system_deps.sh $(FUZZ_PACKAGES)
+	CXX=clang++ $(VENV)/bin/cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja \
+	    -DFASTLOAD_BUILD_PYTHON=OFF -DFASTLOAD_BUILD_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	$(VENV)/bin/cmake --build $(FUZZ_BUILD) --target fuzz_shard >/dev/null
+	$(PY) scripts/fuzz_corpus.py $(FUZZ_CORPUS)
+
+fuzz: fuzz-build
+	mkdir -p build/fuzz-found
+	$(FUZZ_BUILD)/fuzz_shard build/fuzz-found $(FUZZ_CORPUS) -max_len=131072 -timeout=10 -rss_limit_mb=2048 \
+	    -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+
+fuzz-ci:
+	$(MAKE) fuzz FUZZ_SECONDS=60
 
 lint: install
 	$(PY) -m ruff check python tests benchmarks
