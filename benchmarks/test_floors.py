@@ -3,7 +3,8 @@
 ``memcpy``: numpy copying the bytes one epoch decodes, one thread (the bandwidth bound for raw data).
 ``decode-1t``: the extension's own record decoder over the same records laid end to end in memory,
 one thread, no Python per record (the bound a single core sets for zstd data).
-``lmdb-lookup``: LMDB ``get`` for every sample in the shuffled order, no decoding.
+``lmdb-lookup``: finding every sample's record in the shuffled order, no decoding (since the
+shards are validated up front this is an index into the mapping, no LMDB B-tree descent).
 
 A loader's ``ratio_to_floor`` is its samples/s over memcpy (raw data) or decode-1t (compressed data).
 """

@@ -9,8 +9,8 @@
 // LMDB would add for a reader. A file modified while mapped is outside this
 // guarantee (as for any memory-mapped reader).
 //
-// Before mapping, the file must be a regular file (opened with O_NONBLOCK, so
-// a FIFO never blocks) and not empty.
+// Before mapping, the file must be a regular file (opened without blocking,
+// so a FIFO never waits) and not empty (file_mapping.h).
 //
 // Thread safety: a ShardSet and its ShardFiles are immutable after
 // construction and may be shared by any number of threads.
@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "file_mapping.h"
 #include "lmdb_validator.h"
 
 namespace fastload {
@@ -52,8 +53,8 @@ class ShardFile {
   [[noreturn]] void throw_missing(uint64_t key) const;
 
   std::string path_;
-  const uint8_t* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  std::unique_ptr<FileMapping> mapping_;
+  const uint8_t* map_ = nullptr;  // mapping_->data()
   ShardLayout layout_;
   std::vector<RecordSpan> spans_;
 };
