@@ -87,3 +87,14 @@ def test_path_traversal_stays_refused(dataset):
         fastload.ShardDataset(dataset)
     with pytest.raises(DatasetError, match="plain file name"):
         fastload.ShardDataset(dataset, allow_external_shards=True)
+
+
+def test_native_shards_are_validated_once_per_process_while_in_use(dataset):
+    first = fastload.ShardLoader(dataset, batch_size=8, backend="native")
+    second = fastload.ShardLoader(dataset, batch_size=8, backend="native")
+    assert first._shards is second._shards
+    shard = dataset / "shard-00000.lmdb"
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))
+    third = fastload.ShardLoader(dataset, batch_size=8, backend="native")
+    assert third._shards is not first._shards  # a changed file is mapped and validated again
+    assert sorted(int(v) for b in third for v in b["x"]) == list(range(40))

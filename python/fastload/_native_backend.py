@@ -10,7 +10,10 @@ may be written again, after every copy queued from it has completed.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,12 +53,32 @@ class NativeSettings:
         return allocate_pinned if self.pin_memory else None
 
 
+# Open shard sets of this process, shared by every loader over the same unchanged files, so each shard
+# is mapped and validated once per process (while some loader uses it).
+_open_sets: weakref.WeakValueDictionary[tuple, Any] = weakref.WeakValueDictionary()
+_open_lock = threading.Lock()
+
+
+def _identity(path: str, count: int) -> tuple:
+    st = os.stat(path)
+    return (os.path.realpath(path), count, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def open_shards(dataset: ShardDataset) -> Any:
-    """Open every shard of ``dataset`` in the native core (checks sizes and record counts)."""
+    """Map and validate every shard of ``dataset`` in the native core, or reuse this process's open set."""
     if _native is None:
         raise ImportError(f"fastload._native is not available: {NATIVE_IMPORT_ERROR}")
     paths = [str(dataset.path / s.file) for s in dataset.manifest.shards]
-    return _native.ShardSet(paths, [s.count for s in dataset.manifest.shards])
+    counts = [s.count for s in dataset.manifest.shards]
+    try:
+        key = tuple(_identity(p, c) for p, c in zip(paths, counts))
+    except OSError:  # let the native core name the problem
+        return _native.ShardSet(paths, counts)
+    with _open_lock:
+        shards = _open_sets.get(key)
+        if shards is None:
+            shards = _open_sets[key] = _native.ShardSet(paths, counts)
+        return shards
 
 
 class NativeEpoch:
