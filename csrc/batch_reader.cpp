@@ -226,6 +226,7 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder) {
   const uint64_t decompress_before = decoder.decompress_ns();
   for (size_t i = begin; i < end; ++i) {
     auto t0 = std::chrono::steady_clock::now();
+    if (i + 1 < end) shards_->prefetch(job.indices[i + 1]);
     const auto [shard, key] = shards_->locate(job.indices[i]);
     const auto [data, size] = shards_->shard(shard).record(key);
     if (delay_us_ != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));

@@ -71,6 +71,11 @@ class ShardSet {
   // FastloadError when the index is out of range.
   std::pair<size_t, uint64_t> locate(uint64_t global_index) const;
 
+  // Hints the CPU to start loading the first bytes of a record that will be
+  // read soon (random reads are memory-latency bound); no effect on results.
+  // Indices out of range are ignored.
+  void prefetch(uint64_t global_index) const noexcept;
+
  private:
   std::vector<std::unique_ptr<ShardFile>> shards_;
   std::vector<uint64_t> offsets_;  // offsets_[i] = first global index of shard i
