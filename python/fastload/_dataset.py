@@ -9,7 +9,6 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np

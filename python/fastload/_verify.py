@@ -127,7 +127,8 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
 
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="fastload-verify") as pool:
-            outcomes = pool.map(lambda s: check_shard(directory, s, manifest.fields, advance, allow_external_shards), manifest.shards)
+            outcomes = pool.map(lambda s: check_shard(directory, s, manifest.fields, advance, allow_external_shards),
+                                manifest.shards)
             for shard, problems in zip(manifest.shards, outcomes):
                 report.shards += 1
                 report.records += shard.count
