@@ -25,20 +25,28 @@ __version__ = "0.1.0"
 _LAZY = {
     "EpochDataLoader": "._helpers",
     "EpochOrder": "._order",
+    "ConcatShardDataset": "._compose",
     "Field": "._format",
+    "MixedShardDataset": "._compose",
     "ORDER_VERSION": "._order",
+    "SAMPLING_VERSION": "._alias",
     "ShardDataModule": "._datamodule",
     "ShardDataset": "._dataset",
     "ShardLoader": "._loader",
+    "ShardSubset": "._compose",
     "StateError": "._state",
     "check_determinism": "._helpers",
+    "class_balanced_weights": "._compose",
+    "concat": "._compose",
     "create_dataloader": "._helpers",
+    "mix": "._compose",
     "seed_everything": "._helpers",
     "write_arrays": "._array_writer",
     "write_dataset": "._convert",
 }
 
 __all__ = [
+    "ConcatShardDataset",
     "CorruptRecordError",
     "CorruptShardError",
     "DatasetError",
@@ -46,16 +54,22 @@ __all__ = [
     "EpochOrder",
     "FastloadError",
     "Field",
+    "MixedShardDataset",
     "ORDER_VERSION",
+    "SAMPLING_VERSION",
     "SchemaMismatchError",
     "ShardDataModule",
     "ShardDataset",
     "ShardLoader",
     "ShardNotFoundError",
+    "ShardSubset",
     "StateError",
     "__version__",
     "check_determinism",
+    "class_balanced_weights",
+    "concat",
     "create_dataloader",
+    "mix",
     "seed_everything",
     "write_arrays",
     "write_dataset",
@@ -76,7 +90,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from ._alias import SAMPLING_VERSION
     from ._array_writer import write_arrays
+    from ._compose import ConcatShardDataset, MixedShardDataset, ShardSubset, class_balanced_weights, concat, mix
     from ._convert import write_dataset
     from ._datamodule import ShardDataModule
     from ._dataset import ShardDataset

@@ -155,6 +155,16 @@ class ShardDataset(torch.utils.data.Dataset):
                         raise CorruptRecordError(str(path), key, str(err)) from None
         return tensors
 
+    def subset(self, indices: Any) -> Any:
+        """Return a :class:`~fastload._compose.ShardSubset`: the samples ``indices`` (integers in range), in that order.
+
+        A ``ShardLoader`` over the subset reads it through this dataset with
+        ``indices=`` (shuffled among themselves with ``shuffle=True``).
+        """
+        from ._compose import ShardSubset
+
+        return ShardSubset(self, indices)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_envs"] = {}

@@ -12,6 +12,7 @@ from typing import Any, Literal, Union
 import numpy as np
 import torch
 
+from ._compose import ConcatShardDataset, ShardSubset
 from ._dataset import ShardDataset
 from ._device import CudaOps, DevicePrefetcher, resolve_device
 from ._distributed import Topology, _positive_int
@@ -21,6 +22,8 @@ from ._order import EpochOrder
 from ._plan import EpochPlan
 from ._sampler import EpochBatchSampler, EpochSampler
 from ._splits import resolve_dataset_path
+from ._sampling import ArrayOrder
+from ._sampling_setup import WithSource, dataset_fingerprint, make_sampling
 from ._state import check_state, make_state
 from ._torch_backend import OrderBatchSampler, make_dataloader, workers_for_platform
 
@@ -110,7 +113,7 @@ class ShardLoader:
 
     def __init__(
         self,
-        path_or_dataset: str | os.PathLike | ShardDataset,
+        path_or_dataset: str | os.PathLike | ShardDataset | ConcatShardDataset | ShardSubset,
         batch_size: int = 1,
         shuffle: bool = False,
         seed: int = 0,
@@ -130,24 +133,40 @@ class ShardLoader:
         device: str | torch.device | None = None,
         split: str | None = None,
         allow_external_shards: bool = False,
+        indices: Any = None,
+        sample_weights: Any = None,
+        num_samples: int | None = None,
+        replacement: bool = True,
     ) -> None:
         if split is not None:  # a dataset root with splits.json: pick one split's directory
             if not isinstance(path_or_dataset, (str, os.PathLike)):
                 raise ValueError(f"split={split!r} needs a dataset root path, not a {type(path_or_dataset).__name__}")
             path_or_dataset = resolve_dataset_path(path_or_dataset, split)
         self.batch_size = _positive_int("batch_size", batch_size)
-        if isinstance(path_or_dataset, ShardDataset):
-            self.dataset = path_or_dataset if fields is None else ShardDataset(
-                path_or_dataset.path, fields, verify_checksums,
-                allow_external_shards=path_or_dataset.allow_external_shards)
-        elif isinstance(path_or_dataset, (str, os.PathLike)):
-            self.dataset = ShardDataset(Path(path_or_dataset), fields, verify_checksums,
+        source: str | os.PathLike | ShardDataset | ConcatShardDataset | ShardSubset = path_or_dataset
+        if isinstance(source, ShardSubset):
+            if indices is not None:
+                raise ValueError("pass indices= or a ShardSubset, not both")
+            indices = source.indices
+            source = source.dataset
+        self.dataset: ShardDataset | ConcatShardDataset
+        if isinstance(source, ShardDataset):
+            self.dataset = source if fields is None else ShardDataset(
+                source.path, fields, verify_checksums, allow_external_shards=source.allow_external_shards)
+        elif isinstance(source, ConcatShardDataset):
+            self.dataset = source if fields is None else source.with_fields(fields)
+        elif isinstance(source, (str, os.PathLike)):
+            self.dataset = ShardDataset(Path(source), fields, verify_checksums,
                                         allow_external_shards=allow_external_shards)
         else:
-            raise TypeError(f"expected a dataset directory or a ShardDataset, not {type(path_or_dataset).__name__}")
+            raise TypeError(f"expected a dataset directory or a ShardDataset (or a fastload.concat, mix or subset), "
+                            f"not {type(path_or_dataset).__name__}")
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ValueError(f"seed must be an integer, not {seed!r}")
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
+        self._sampling = make_sampling(self.dataset, self.shuffle, indices, sample_weights, num_samples,
+                                       replacement)
+        self._orders: dict[int, EpochOrder | ArrayOrder] = {}
         self._topology = Topology(rank, world_size)
         self.even_batches = bool(even_batches)
         self.device = resolve_device(device)
@@ -178,13 +197,14 @@ class ShardLoader:
             "num_threads": num_threads, "prefetch": prefetch, "pin_memory": pin_memory, "backend": self.backend,
             "num_workers": num_workers, "verify_checksums": verify_checksums, "prefetch_factor": prefetch_factor,
             "persistent_workers": persistent_workers, "rank": rank, "world_size": world_size,
-            "even_batches": even_batches, "device": device}
+            "even_batches": even_batches, "device": device, "indices": indices, "sample_weights": sample_weights,
+            "num_samples": num_samples, "replacement": replacement}
         if self.backend == "torch":
             self.num_workers = workers_for_platform(num_workers)
             if self.num_workers < 0:
                 raise ValueError(f"num_workers must be non-negative, not {self.num_workers}")
             self._init_kwargs["num_workers"] = self.num_workers
-            self._sampler = OrderBatchSampler(self._order(0), self._plan(0, warn=False))
+            self._sampler = OrderBatchSampler(self._order(0), self._plan(0, 0, warn=False))
             self._dataloader = make_dataloader(self.dataset, self._sampler, self.num_workers, self.pin_memory, seed,
                                                prefetch_factor, persistent_workers)
 
@@ -222,12 +242,18 @@ class ShardLoader:
         if epoch != self._epoch:
             self._epoch, self._start = epoch, 0
 
-    def _order(self, epoch: int) -> EpochOrder:
-        return EpochOrder(self.seed, epoch, len(self.dataset), self.shuffle)
+    def _order(self, epoch: int) -> EpochOrder | ArrayOrder:
+        order = self._orders.get(epoch)
+        if order is None:
+            order = self._sampling.epoch_order(self.seed, epoch, len(self.dataset), self.shuffle)
+            self._orders = {e: o for e, o in self._orders.items() if e in (epoch - 1, self._epoch)}
+            self._orders[epoch] = order
+        return order
 
-    def _plan(self, start: int, warn: bool = True) -> EpochPlan:
+    def _plan(self, start: int, epoch: int | None = None, warn: bool = True) -> EpochPlan:
         rank, world = self._topology.resolve(warn)
-        return EpochPlan(len(self.dataset), self.batch_size, self.drop_last, world, rank, start, self.even_batches)
+        n = self._order(self._epoch if epoch is None else epoch).n
+        return EpochPlan(n, self.batch_size, self.drop_last, world, rank, start, self.even_batches)
 
     def __len__(self) -> int:
         """Return the batches of one full epoch on this rank, as ``len(DataLoader)``.
@@ -248,7 +274,7 @@ class ShardLoader:
         if active is not None:
             assert active.plan is not None
             return len(active.plan) - active.delivered
-        return len(self._plan(self._start))
+        return len(self._plan(self._start, self._epoch))
 
     @property
     def sampler(self) -> EpochSampler:
@@ -273,11 +299,12 @@ class ShardLoader:
         return (self._epoch, self._start) if active is None else (int(active.epoch) + 1, 0)  # type: ignore[arg-type]
 
     def _next_pass_len(self) -> int:
-        return len(self._plan(self._next_pass_position()[1]))
+        epoch, start = self._next_pass_position()
+        return len(self._plan(start, epoch))
 
     def _next_pass_batches(self) -> Iterator[list[int]]:
         epoch, start = self._next_pass_position()
-        order, plan = self._order(epoch), self._plan(start)
+        order, plan = self._order(epoch), self._plan(start, epoch)
         for b in range(len(plan)):
             yield order.at(plan.batch_positions(b)).tolist()
 
@@ -301,7 +328,7 @@ class ShardLoader:
 
     def _begin_pass(self, it: EpochIterator) -> tuple[int, EpochPlan, Iterator[Batch]]:
         self._abandon_active()  # a second pass started while one runs supersedes it
-        epoch, plan = self._epoch, self._plan(self._start)
+        epoch, plan = self._epoch, self._plan(self._start, self._epoch)
         order = self._order(epoch)
         if self.backend == "native":
             inner: Iterator[Batch] = self._iter_native(order, plan)
@@ -325,23 +352,38 @@ class ShardLoader:
             self._last_stats = it.raw_stats()
             self._epoch, self._start = int(it.epoch) + 1, 0  # type: ignore[arg-type]
 
-    def _iter_native(self, order: EpochOrder, plan: EpochPlan) -> Iterator[Batch]:
+    def _iter_native(self, order: EpochOrder | ArrayOrder, plan: EpochPlan) -> Iterator[Batch]:
         if len(plan) == 0:
             return iter(())
+        datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
+        if isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout:
+            raise NotImplementedError(
+                "backend='native' reads a concatenation or mixture as one shard set, which needs the same fields "
+                "and codecs in every dataset; these differ (another codec, or fields= over other schemas): "
+                "use backend='torch'")
         if self._shards is None:
-            self._shards = open_shards(self.dataset)
-        if self.shuffle:
+            self._shards = open_shards(datasets)
+        if isinstance(order, EpochOrder) and order.shuffle:
             from . import _native
 
             seed, epoch, n = order.seed, order.epoch, order.n
 
             def batch_indices(b: int) -> np.ndarray:
                 return _native.permutation_at(seed, epoch, n, plan.batch_positions(b))
-        else:
+        elif isinstance(order, EpochOrder):
             batch_indices = plan.batch_positions
+        else:
+            indices = order.indices()
+
+            def batch_indices(b: int) -> np.ndarray:
+                return indices[plan.batch_positions(b).astype(np.int64)]
         settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
                                   self._sample_delay_us, self._host_allocator)
-        return NativeEpoch(self._shards, self.dataset, len(plan), self.batch_size, batch_indices, settings)
+        epoch_batches: Iterator[Batch] = NativeEpoch(self._shards, datasets[0], len(plan), self.batch_size,
+                                                     batch_indices, settings)
+        if isinstance(self.dataset, ConcatShardDataset) and self.dataset.with_source:
+            epoch_batches = WithSource(epoch_batches, self.dataset, batch_indices)
+        return epoch_batches
 
     # ---- resumable state ----------------------------------------------------------------------
 
@@ -358,9 +400,9 @@ class ShardLoader:
         else:
             assert active.plan is not None and active.epoch is not None
             epoch, position = active.epoch, active.plan.position_after(active.delivered)
-        return make_state(fingerprint=self.dataset.manifest.fingerprint, n=len(self.dataset), seed=self.seed,
+        return make_state(fingerprint=dataset_fingerprint(self.dataset), n=len(self.dataset), seed=self.seed,
                           shuffle=self.shuffle, epoch=epoch, position=position, batch_size=self.batch_size,
-                          world_size=self.world_size)
+                          world_size=self.world_size, sampling=self._sampling.describe())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a saved state: the next pass resumes its epoch at its position.
@@ -368,8 +410,9 @@ class ShardLoader:
         ``len(loader)`` stays the length of a full epoch; ``remaining()`` is the
         number of batches the resumed pass delivers.
         """
-        epoch, start = check_state(state, fingerprint=self.dataset.manifest.fingerprint, n=len(self.dataset),
-                                   seed=self.seed, shuffle=self.shuffle)
+        epoch, start = check_state(state, fingerprint=dataset_fingerprint(self.dataset), n=len(self.dataset),
+                                   seed=self.seed, shuffle=self.shuffle, sampling=self._sampling.describe(),
+                                   epoch_length=lambda e: self._order(e).n)
         self._active = None
         self._epoch, self._start = epoch, start
 
@@ -413,5 +456,6 @@ class ShardLoader:
     def __repr__(self) -> str:
         topology = "from torch.distributed" if not self._topology.explicit else (
             f"rank={self._topology.rank}, world_size={self._topology.world_size}")
-        return (f"ShardLoader({str(self.dataset.path)!r}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+        what = repr(str(self.dataset.path)) if isinstance(self.dataset, ShardDataset) else repr(self.dataset)
+        return (f"ShardLoader({what}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
                 f"seed={self.seed}, backend={self.backend!r}, num_threads={self.num_threads}, {topology})")

@@ -15,7 +15,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,12 +64,16 @@ def _identity(path: str, count: int) -> tuple:
     return (os.path.realpath(path), count, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def open_shards(dataset: ShardDataset) -> Any:
-    """Map and validate every shard of ``dataset`` in the native core, or reuse this process's open set."""
+def open_shards(datasets: ShardDataset | Sequence[ShardDataset]) -> Any:
+    """Map and validate every shard of ``datasets`` in the native core, or reuse this process's open set.
+
+    Several datasets are laid end to end in one shard set: one global index space, as ``fastload.concat``.
+    """
     if _native is None:
         raise ImportError(f"fastload._native is not available: {NATIVE_IMPORT_ERROR}")
-    paths = [str(dataset.path / s.file) for s in dataset.manifest.shards]
-    counts = [s.count for s in dataset.manifest.shards]
+    datasets = [datasets] if isinstance(datasets, ShardDataset) else list(datasets)
+    paths = [str(ds.path / s.file) for ds in datasets for s in ds.manifest.shards]
+    counts = [s.count for ds in datasets for s in ds.manifest.shards]
     try:
         key = tuple(_identity(p, c) for p, c in zip(paths, counts))
     except OSError:  # let the native core name the problem

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._format import FORMAT_VERSION
@@ -17,15 +17,27 @@ class StateError(FastloadError, ValueError):
 
 
 def make_state(*, fingerprint: str, n: int, seed: int, shuffle: bool, epoch: int, position: int,
-               batch_size: int, world_size: int) -> dict[str, Any]:
-    """Return the state dict of a loader at global ``position`` of ``epoch``."""
-    return {"state_version": STATE_VERSION, "format_version": FORMAT_VERSION, "order_version": ORDER_VERSION,
-            "dataset_fingerprint": fingerprint, "num_samples": n, "seed": seed, "shuffle": shuffle,
-            "epoch": epoch, "position": position, "batch_size": batch_size, "world_size": world_size}
+               batch_size: int, world_size: int, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the state dict of a loader at global ``position`` of ``epoch``.
+
+    ``sampling`` describes a policy other than the plain one (``_sampling.py``);
+    the plain policy's state has no ``sampling`` key, as before it existed.
+    """
+    state = {"state_version": STATE_VERSION, "format_version": FORMAT_VERSION, "order_version": ORDER_VERSION,
+             "dataset_fingerprint": fingerprint, "num_samples": n, "seed": seed, "shuffle": shuffle,
+             "epoch": epoch, "position": position, "batch_size": batch_size, "world_size": world_size}
+    if sampling is not None:
+        state["sampling"] = sampling
+    return state
 
 
-def check_state(state: Mapping[str, Any], *, fingerprint: str, n: int, seed: int, shuffle: bool) -> tuple[int, int]:
-    """Validate a saved state against the loader; return its (epoch, position)."""
+def check_state(state: Mapping[str, Any], *, fingerprint: str, n: int, seed: int, shuffle: bool,
+                sampling: dict[str, Any] | None = None,
+                epoch_length: Callable[[int], int] | None = None) -> tuple[int, int]:
+    """Validate a saved state against the loader; return its (epoch, position).
+
+    ``epoch_length(e)`` is the number of positions of epoch e (``n`` when None).
+    """
     if not isinstance(state, Mapping):
         raise StateError(f"a loader state is a dict, not {type(state).__name__}")
     for key, expected in (("state_version", STATE_VERSION), ("format_version", FORMAT_VERSION),
@@ -38,7 +50,13 @@ def check_state(state: Mapping[str, Any], *, fingerprint: str, n: int, seed: int
     for key, value in (("seed", seed), ("shuffle", shuffle)):
         if state.get(key) != value:
             raise StateError(f"state was saved with {key}={state.get(key)!r}, this loader has {key}={value!r}")
+    if state.get("sampling") != sampling:
+        raise StateError(f"state was saved with sampling {state.get('sampling')!r}, this loader samples "
+                         f"{sampling!r}")
     epoch, position = state.get("epoch"), state.get("position")
-    if not isinstance(epoch, int) or epoch < 0 or not isinstance(position, int) or not 0 <= position <= n:
+    if not isinstance(epoch, int) or epoch < 0:
+        raise StateError(f"state has an invalid epoch {epoch!r} or position {position!r}")
+    length = n if epoch_length is None else epoch_length(epoch)
+    if not isinstance(position, int) or not 0 <= position <= length:
         raise StateError(f"state has an invalid epoch {epoch!r} or position {position!r}")
     return epoch, position

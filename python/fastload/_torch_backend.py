@@ -12,9 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from ._dataset import ShardDataset
-from ._order import EpochOrder
 from ._plan import EpochPlan
+from ._sampling import IndexOrder
 
 
 class OrderBatchSampler(Sampler[list[int]]):
@@ -23,10 +22,10 @@ class OrderBatchSampler(Sampler[list[int]]):
     ``configure(order, plan)`` selects the epoch before each iteration.
     """
 
-    def __init__(self, order: EpochOrder, plan: EpochPlan) -> None:
+    def __init__(self, order: IndexOrder, plan: EpochPlan) -> None:
         self.configure(order, plan)
 
-    def configure(self, order: EpochOrder, plan: EpochPlan) -> None:
+    def configure(self, order: IndexOrder, plan: EpochPlan) -> None:
         """Select the epoch order and this rank's plan for the next iteration."""
         self.order, self.plan = order, plan
 
@@ -88,7 +87,7 @@ def workers_for_platform(num_workers: int | str) -> int:
     return min(os.cpu_count() or 1, 8)
 
 
-def make_dataloader(dataset: ShardDataset, sampler: OrderBatchSampler, num_workers: int, pin_memory: bool,
+def make_dataloader(dataset: torch.utils.data.Dataset, sampler: OrderBatchSampler, num_workers: int, pin_memory: bool,
                     seed: int, prefetch_factor: int | None, persistent_workers: bool) -> DataLoader:
     """Return the DataLoader that serves ``backend="torch"``."""
     kwargs: dict = {}
