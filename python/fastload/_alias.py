@@ -108,10 +108,18 @@ class AliasTable:
         n = np.uint64(self.n)
         lo32 = np.uint64(0xFFFFFFFF)
         with np.errstate(over="ignore"):
-            hi, lo = r >> np.uint64(32), r & lo32
-            col = (hi * n + ((lo * n) >> np.uint64(32))) >> np.uint64(32)  # floor(r * n / 2**64), n < 2**32
-            coin = (r * n) >> np.uint64(64 - COIN_BITS)  # the top bits of (r * n) mod 2**64
-        return np.where(coin < self.threshold[col], col, self.alias[col])
+            col = r >> np.uint64(32)
+            lo = r & lo32
+            lo *= n
+            lo >>= np.uint64(32)
+            col *= n
+            col += lo
+            col >>= np.uint64(32)  # floor(r * n / 2**64) = (hi * n + (lo * n >> 32)) >> 32, exact for n < 2**32
+            coin = r * n
+            coin >>= np.uint64(64 - COIN_BITS)  # the top bits of (r * n) mod 2**64
+        out = self.alias[col]
+        np.copyto(out, col, where=coin < self.threshold[col])
+        return out
 
     def draw_one(self, r: int) -> int:
         """Return the index of one word (the scalar reference of :meth:`draw`)."""

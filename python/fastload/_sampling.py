@@ -47,19 +47,42 @@ class IndexOrder(Protocol):
         ...
 
 
-def permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    """Return the whole v1 order of ``(seed, epoch, n)`` (the C++ twin when it is built: same values, faster)."""
+def permutation_at(seed: int, epoch: int, n: int, positions: np.ndarray | None = None) -> np.ndarray:
+    """Return the v1 order of ``(seed, epoch, n)`` at ``positions`` (all when None), uint64.
+
+    Uses the C++ twin when it is built (the same values, tested against the
+    same vectors, faster), else the numpy one.
+    """
+    seed = int(seed) & (2**64 - 1)
     try:
         from . import _native
     except ImportError:
-        return EpochOrder(seed, epoch, n).positions(0, n)
-    return np.asarray(_native.permutation(int(seed) & (2**64 - 1), epoch, n, 0, n))
+        order = EpochOrder(seed, epoch, n)
+        return order.positions(0, n) if positions is None else order.at(positions)
+    if positions is None:
+        return np.asarray(_native.permutation(seed, epoch, n, 0, n))
+    return np.asarray(_native.permutation_at(seed, epoch, n, np.ascontiguousarray(positions, dtype=np.uint64)))
 
 
 def digest(array: np.ndarray) -> str:
     """Return a short hash of an array's dtype, shape and bytes (to recognise a configuration in a state)."""
     a = np.ascontiguousarray(array)
     return xxhash.xxh3_64(f"{a.dtype.str}{a.shape}".encode() + a.tobytes()).hexdigest()
+
+
+def smallest_keys(keys: np.ndarray, m: int) -> np.ndarray:
+    """Return the positions of the ``m`` smallest non-negative keys, in increasing order, ties by position.
+
+    A non-negative double's bit pattern orders like its value, so the keys are
+    sorted as uint64; a fast unstable sort is used unless two keys are equal,
+    which then falls back to a stable sort (the result is the same either way).
+    """
+    bits = keys.view(np.uint64)
+    order = np.argsort(bits)
+    ranked = bits[order]
+    if len(ranked) > 1 and bool((ranked[1:] == ranked[:-1]).any()):
+        order = np.argsort(bits, kind="stable")
+    return order[:m]
 
 
 class ArrayOrder:
@@ -124,7 +147,7 @@ class SubsetSampling(Sampling):
         m, idx = len(self.indices), self.indices
         if not shuffle:
             return ArrayOrder(m, lambda: idx)
-        return ArrayOrder(m, lambda: idx[permutation(seed, epoch, m)])
+        return ArrayOrder(m, lambda: idx[permutation_at(seed, epoch, m)])
 
     def describe(self) -> dict[str, Any]:
         """Return the mode, count and a digest of the indices."""
@@ -174,8 +197,9 @@ class WeightedSampling(Sampling):
         base = stream_base(seed, epoch, TAG_KEYS)
 
         def without_replacement() -> np.ndarray:
-            keys = exponential_keys(words(base, np.arange(len(self.weights), dtype=np.uint64)), self.weights)
-            return np.argsort(keys, kind="stable")[:m]
+            candidates = np.flatnonzero(self.weights > 0)  # zero weights have infinite keys: never among the m
+            keys = exponential_keys(words(base, candidates.astype(np.uint64)), self.weights[candidates])
+            return candidates[smallest_keys(keys, m)]
 
         return ArrayOrder(m, without_replacement)
 
@@ -261,14 +285,16 @@ class MixSampling(Sampling):
             out = np.empty(len(src), dtype=np.uint64)
             for j, size in enumerate(self.sizes):
                 where = np.flatnonzero(src == j)
-                count = np.arange(len(where), dtype=np.int64)
-                rounds, pos = count // size, count % size
-                local = np.empty(len(where), dtype=np.uint64)
+                count = np.arange(len(where), dtype=np.uint64)
+                if len(where) <= size:  # one round: no wrapping (the usual case)
+                    rounds, pos = None, count
+                else:
+                    rounds, pos = count // np.uint64(size), count % np.uint64(size)
+                local = pos.copy() if not shuffle else np.empty(len(where), dtype=np.uint64)
                 source_base = stream_base(seed, j, TAG_SOURCE)
-                for r in range(int(rounds.max()) + 1 if len(where) else 0):
-                    in_round = rounds == r
-                    order = permutation(word(source_base, r), epoch, size) if shuffle else None
-                    local[in_round] = pos[in_round] if order is None else order[pos[in_round]]
+                for r in range(int(rounds.max()) + 1 if rounds is not None else 1) if shuffle else ():
+                    in_round = slice(None) if rounds is None else rounds == np.uint64(r)
+                    local[in_round] = permutation_at(word(source_base, r), epoch, size, pos[in_round])
                 out[where] = local + self.offsets[j]
             return out
 
