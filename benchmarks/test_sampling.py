@@ -100,3 +100,32 @@ def test_sampling_overhead_interleaved(benchmark, ds):
         benchmark.extra_info[f"{c}_vs_plain"] = median / plain
         print(f"{ds.name} {c:15s} median {median * 1e3:7.2f} ms  min {min(times[c]) * 1e3:7.2f} ms  "
               f"{median / plain:5.3f}x plain")
+    # The policy's own work, in CPU time of this thread (less sensitive to a loaded machine than wall time):
+    # computing one epoch's indices, against the plain order's per-batch C++ evaluation of the same positions.
+    fastest_plain = min(times["plain"])
+    cost = {c: policy_cpu_s(loaders[c]) for c in CONFIGS}
+    for c in CONFIGS:
+        extra = cost[c] - cost["plain"]
+        benchmark.extra_info[f"{c}_policy_cpu_s"] = cost[c]
+        benchmark.extra_info[f"{c}_overhead_vs_fastest_plain_epoch"] = extra / fastest_plain
+        print(f"{ds.name} {c:15s} policy CPU {cost[c] * 1e3:6.2f} ms per epoch: {extra * 1e3:+6.2f} ms over plain, "
+              f"{100 * extra / fastest_plain:+5.1f}% of the fastest plain epoch ({fastest_plain * 1e3:.1f} ms)")
+
+
+def policy_cpu_s(loader: ShardLoader, rounds: int = 9) -> float:
+    """Return the median thread CPU seconds to compute one epoch's sample indices (what the reader is handed)."""
+    from fastload import _native
+
+    plan = loader._plan(0, 0)
+    spent = []
+    for epoch in range(100, 100 + rounds):
+        start = time.thread_time()
+        order = loader._sampling.epoch_order(loader.seed, epoch, len(loader.dataset), loader.shuffle)
+        for b in range(len(plan)):
+            positions = plan.batch_positions(b)
+            if isinstance(order, fastload.EpochOrder):
+                _native.permutation_at(order.seed, order.epoch, order.n, positions)
+            else:
+                order.at(positions)
+        spent.append(time.thread_time() - start)
+    return statistics.median(spent)

@@ -189,9 +189,7 @@ def test_weight_errors(small_dataset):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_concat_is_one_index_space(small_dataset, second_dataset, second_zstd, backend):
-    for second in (second_dataset, second_zstd):
-        if backend == "native" and second == second_dataset:
-            continue  # another codec: refused by the native backend (test below)
+    for second in (second_dataset, second_zstd):  # another codec (a reader per layout), the same codecs
         both = fastload.concat([small_dataset, ShardDataset(second)], with_source=True)
         assert len(both) == 143 and int(both[103]["label"]) == 10000 and int(both[103]["source"]) == 1
         loader = ShardLoader(both, batch_size=16, backend=backend, num_workers=0)
@@ -203,10 +201,24 @@ def test_concat_is_one_index_space(small_dataset, second_dataset, second_zstd, b
         assert sorted(labels(shuffled)) == sorted(labels(batches))
 
 
-def test_native_refuses_a_concatenation_of_other_record_layouts(small_dataset, second_dataset):
-    loader = ShardLoader(fastload.concat([small_dataset, second_dataset]), backend="native")
-    with pytest.raises(NotImplementedError, match="use backend='torch'"):
-        next(iter(loader))
+@pytest.mark.parametrize("threads", [1, 3])
+def test_native_reads_datasets_of_other_layouts_like_the_torch_backend(small_dataset, second_dataset, tmp_path,
+                                                                       threads):
+    fastload.write_arrays(tmp_path / "more", {"mask": np.ones((30, 2), np.uint8),
+                                              "label": 20000 + np.arange(30, dtype=np.int64)}, samples_per_shard=7)
+    for mixed in (fastload.mix([small_dataset, second_dataset], weights=[2, 1], stop="all_exhausted",
+                               with_source=True),
+                  fastload.mix([small_dataset, tmp_path / "more", second_dataset], weights=[1, 1, 1],
+                               fields=["label"], stop=200)):
+        runs = []
+        for backend in BACKENDS:
+            loader = ShardLoader(mixed, batch_size=9, shuffle=True, seed=3, backend=backend, num_threads=threads,
+                                 num_workers=0)
+            first = [clone(b) for b in loader]
+            second = [clone(b) for b in loader]
+            assert loader.stats()["batches"] == len(second)
+            runs.append(first + second)
+        assert batches_equal(runs[0], runs[1])
 
 
 def test_schema_errors(small_dataset, tmp_path):
@@ -279,11 +291,18 @@ def test_mix_proportions(small_dataset, second_zstd):
 
 # ---- the loader's promises, for every mode ----------------------------------------------------
 
-MODES = ["subset", "subset-shuffled", "weights", "weights-norepl", "concat", "mix-first", "mix-all", "mix-n"]
+MODES = ["subset", "subset-shuffled", "weights", "weights-norepl", "concat", "mix-first", "mix-all", "mix-n",
+         "mix-layouts"]
 
 
-def make_loader(mode, small, second, **kw):
+@pytest.fixture(scope="module")
+def second_zstd_and_raw(second_zstd, second_dataset):
+    return second_zstd, second_dataset
+
+
+def make_loader(mode, small, seconds, **kw):
     """A loader of ``mode`` over the test datasets (``kw`` override the defaults)."""
+    second, second_raw = seconds
     args = {"batch_size": 7, "seed": 11, "num_workers": 0, **kw}
     if mode.startswith("subset"):
         return ShardLoader(small, indices=list(range(100, 0, -3)), shuffle=mode.endswith("shuffled"), **args)
@@ -294,15 +313,17 @@ def make_loader(mode, small, second, **kw):
         return ShardLoader(small, sample_weights=weights, num_samples=90, replacement=False, **args)
     if mode == "concat":
         return ShardLoader(fastload.concat([small, second], with_source=True), shuffle=True, **args)
+    if mode == "mix-layouts":  # another codec in the second dataset: a native reader per layout
+        return ShardLoader(mixture(small, second_raw, "all_exhausted"), shuffle=True, **args)
     stop = {"mix-first": "first_exhausted", "mix-all": "all_exhausted", "mix-n": 150}[mode]
     return ShardLoader(mixture(small, second, stop), shuffle=True, **args)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_both_backends_and_thread_counts_agree(small_dataset, second_zstd, mode):
+def test_both_backends_and_thread_counts_agree(small_dataset, second_zstd_and_raw, mode):
     runs = []
     for backend, threads in (("native", 1), ("native", 3), ("torch", 1)):
-        loader = make_loader(mode, small_dataset, second_zstd, backend=backend, num_threads=threads)
+        loader = make_loader(mode, small_dataset, second_zstd_and_raw, backend=backend, num_threads=threads)
         runs.append([clone(b) for b in loader] + [clone(b) for b in loader])  # two epochs
     assert len(runs[0]) > 2
     assert batches_equal(runs[0], runs[1]) and batches_equal(runs[0], runs[2])
@@ -327,23 +348,23 @@ def run_resume_check(make, stop_after, epoch=0):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", MODES)
-def test_resume_mid_epoch_is_exact(small_dataset, second_zstd, mode, backend):
-    n = len(make_loader(mode, small_dataset, second_zstd))
+def test_resume_mid_epoch_is_exact(small_dataset, second_zstd_and_raw, mode, backend):
+    n = len(make_loader(mode, small_dataset, second_zstd_and_raw))
     for stop_after in (0, 3, n):
-        run_resume_check(lambda: make_loader(mode, small_dataset, second_zstd, backend=backend), stop_after,
+        run_resume_check(lambda: make_loader(mode, small_dataset, second_zstd_and_raw, backend=backend), stop_after,
                          epoch=1)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("saved_world", "resumed_world"), [(3, 2), (2, 3)])
-def test_elastic_resume_continues_the_global_sequence(small_dataset, second_zstd, mode, saved_world,
+def test_elastic_resume_continues_the_global_sequence(small_dataset, second_zstd_and_raw, mode, saved_world,
                                                       resumed_world):
-    single = make_loader(mode, small_dataset, second_zstd, batch_size=1)
+    single = make_loader(mode, small_dataset, second_zstd_and_raw, batch_size=1)
     sequence = labels(list(single))  # the whole epoch's global sequence, in order
     steps, batch = 2, 3
     seen, states = [], []
     for rank in range(saved_world):
-        loader = make_loader(mode, small_dataset, second_zstd, batch_size=batch, rank=rank,
+        loader = make_loader(mode, small_dataset, second_zstd_and_raw, batch_size=batch, rank=rank,
                              world_size=saved_world)
         it = iter(loader)
         seen += labels([next(it) for _ in range(steps)])
@@ -353,7 +374,7 @@ def test_elastic_resume_continues_the_global_sequence(small_dataset, second_zstd
     assert states[0]["position"] == consumed and sorted(seen) == sorted(sequence[:consumed])
     rest = []
     for rank in range(resumed_world):
-        loader = make_loader(mode, small_dataset, second_zstd, batch_size=batch, rank=rank,
+        loader = make_loader(mode, small_dataset, second_zstd_and_raw, batch_size=batch, rank=rank,
                              world_size=resumed_world, even_batches=False)
         loader.load_state_dict(states[0])
         rest += labels(list(loader))
@@ -361,20 +382,20 @@ def test_elastic_resume_continues_the_global_sequence(small_dataset, second_zstd
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_ranks_partition_the_epoch(small_dataset, second_zstd, mode):
+def test_ranks_partition_the_epoch(small_dataset, second_zstd_and_raw, mode):
     world = 3
-    sequence = labels(list(make_loader(mode, small_dataset, second_zstd, batch_size=1)))
-    even = [list(make_loader(mode, small_dataset, second_zstd, rank=r, world_size=world)) for r in range(world)]
+    sequence = labels(list(make_loader(mode, small_dataset, second_zstd_and_raw, batch_size=1)))
+    even = [list(make_loader(mode, small_dataset, second_zstd_and_raw, rank=r, world_size=world)) for r in range(world)]
     assert len({len(b) for b in even}) == 1  # equal batch counts
-    exact = [labels(list(make_loader(mode, small_dataset, second_zstd, rank=r, world_size=world,
+    exact = [labels(list(make_loader(mode, small_dataset, second_zstd_and_raw, rank=r, world_size=world,
                                      even_batches=False))) for r in range(world)]
     assert sorted(sum(exact, [])) == sorted(sequence)  # disjoint positions, the whole epoch
-    loader = make_loader(mode, small_dataset, second_zstd, rank=1, world_size=world)
+    loader = make_loader(mode, small_dataset, second_zstd_and_raw, rank=1, world_size=world)
     assert len(loader) == len(even[1])
 
 
-def test_states_of_another_configuration_are_refused(small_dataset, second_zstd):
-    state = make_loader("weights", small_dataset, second_zstd).state_dict()
+def test_states_of_another_configuration_are_refused(small_dataset, second_zstd_and_raw):
+    state = make_loader("weights", small_dataset, second_zstd_and_raw).state_dict()
     assert len(json.dumps(state)) < 600
     with pytest.raises(StateError, match="sampling"):
         ShardLoader(small_dataset, batch_size=7, seed=11).load_state_dict(state)
@@ -382,30 +403,30 @@ def test_states_of_another_configuration_are_refused(small_dataset, second_zstd)
         ShardLoader(small_dataset, batch_size=7, seed=11, sample_weights=np.ones(103),
                     num_samples=90).load_state_dict(state)
     with pytest.raises(StateError, match="sampling"):
-        make_loader("weights-norepl", small_dataset, second_zstd).load_state_dict(state)
-    subset = make_loader("subset", small_dataset, second_zstd).state_dict()
+        make_loader("weights-norepl", small_dataset, second_zstd_and_raw).load_state_dict(state)
+    subset = make_loader("subset", small_dataset, second_zstd_and_raw).state_dict()
     with pytest.raises(StateError, match="sampling"):
         ShardLoader(small_dataset, indices=[1, 2, 3], batch_size=7, seed=11).load_state_dict(subset)
-    mixed = make_loader("mix-first", small_dataset, second_zstd).state_dict()
+    mixed = make_loader("mix-first", small_dataset, second_zstd_and_raw).state_dict()
     with pytest.raises(StateError, match="this loader samples None"):
-        make_loader("concat", small_dataset, second_zstd).load_state_dict(mixed)
+        make_loader("concat", small_dataset, second_zstd_and_raw).load_state_dict(mixed)
     with pytest.raises(StateError, match="another dataset"):
-        ShardLoader(fastload.concat([small_dataset, second_zstd]), batch_size=7, seed=11,
+        ShardLoader(fastload.concat([small_dataset, second_zstd_and_raw[0]]), batch_size=7, seed=11,
                     shuffle=True).load_state_dict(mixed)
-    other_stop = make_loader("mix-all", small_dataset, second_zstd)
+    other_stop = make_loader("mix-all", small_dataset, second_zstd_and_raw)
     with pytest.raises(StateError, match="sampling"):
         other_stop.load_state_dict(mixed)
     with pytest.raises(StateError, match="invalid epoch"):
-        make_loader("mix-first", small_dataset, second_zstd).load_state_dict({**mixed, "position": 10_000})
+        make_loader("mix-first", small_dataset, second_zstd_and_raw).load_state_dict({**mixed, "position": 10_000})
     plain = ShardLoader(small_dataset, batch_size=7, seed=11).state_dict()
     assert "sampling" not in plain  # the plain loader's state is unchanged
 
 
-def test_pickled_loader_keeps_its_sampling(small_dataset, second_zstd):
+def test_pickled_loader_keeps_its_sampling(small_dataset, second_zstd_and_raw):
     import pickle
 
     for mode in ("subset-shuffled", "weights", "mix-first"):
-        loader = make_loader(mode, small_dataset, second_zstd)
+        loader = make_loader(mode, small_dataset, second_zstd_and_raw)
         it = iter(loader)
         next(it)
         copy = pickle.loads(pickle.dumps(loader))

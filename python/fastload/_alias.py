@@ -117,8 +117,9 @@ class AliasTable:
             col >>= np.uint64(32)  # floor(r * n / 2**64) = (hi * n + (lo * n >> 32)) >> 32, exact for n < 2**32
             coin = r * n
             coin >>= np.uint64(64 - COIN_BITS)  # the top bits of (r * n) mod 2**64
-        out = self.alias[col]
-        np.copyto(out, col, where=coin < self.threshold[col])
+        ci = col.view(np.int64)  # < 2**32: the same values, and numpy indexes with int64 without converting
+        out = self.alias[ci]
+        np.copyto(out, col, where=coin < self.threshold[ci])
         return out
 
     def draw_one(self, r: int) -> int:

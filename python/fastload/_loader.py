@@ -18,6 +18,7 @@ from ._device import CudaOps, DevicePrefetcher, resolve_device
 from ._distributed import Topology, _positive_int
 from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
 from ._native_backend import NATIVE_IMPORT_ERROR, NativeEpoch, NativeSettings, open_shards
+from ._native_groups import GroupedNativeEpoch, open_groups
 from ._order import EpochOrder
 from ._plan import EpochPlan
 from ._sampler import EpochBatchSampler, EpochSampler
@@ -356,13 +357,9 @@ class ShardLoader:
         if len(plan) == 0:
             return iter(())
         datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
-        if isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout:
-            raise NotImplementedError(
-                "backend='native' reads a concatenation or mixture as one shard set, which needs the same fields "
-                "and codecs in every dataset; these differ (another codec, or fields= over other schemas): "
-                "use backend='torch'")
+        grouped = isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout
         if self._shards is None:
-            self._shards = open_shards(datasets)
+            self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
         if isinstance(order, EpochOrder) and order.shuffle:
             from . import _native
 
@@ -379,8 +376,14 @@ class ShardLoader:
                 return indices[plan.batch_positions(b).astype(np.int64)]
         settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
                                   self._sample_delay_us, self._host_allocator)
-        epoch_batches: Iterator[Batch] = NativeEpoch(self._shards, datasets[0], len(plan), self.batch_size,
-                                                     batch_indices, settings)
+        epoch_batches: Iterator[Batch]
+        if grouped:  # datasets that store records differently: a reader per group, parts copied together
+            assert isinstance(self.dataset, ConcatShardDataset)
+            epoch_batches = GroupedNativeEpoch(self.dataset, self._shards, len(plan), self.batch_size, batch_indices,
+                                               settings)
+        else:
+            epoch_batches = NativeEpoch(self._shards, datasets[0], len(plan), self.batch_size, batch_indices,
+                                        settings)
         if isinstance(self.dataset, ConcatShardDataset) and self.dataset.with_source:
             epoch_batches = WithSource(epoch_batches, self.dataset, batch_indices)
         return epoch_batches
