@@ -90,3 +90,16 @@ def test_torchrun_snippet_splits_and_resumes(shards, tmp_path):
     assert "epoch 0" not in out
     for rank in (0, 1):
         assert f"rank {rank} of 2: epoch 1, 2 of 6 batches" in out, out
+
+
+def test_sampling_snippet_runs_as_written(shards, tmp_path, monkeypatch):
+    source = snippet("Sampling", {"batch_size=256": "batch_size=10"})
+    source = source.replace("    ...\n", "    seen.append(batch)\n")
+    monkeypatch.chdir(shards.parent)
+    namespace: dict = {"seen": []}
+    exec(compile(source, "README.md (Sampling)", "exec"), namespace)
+    fold, balanced, batches = namespace["fold"], namespace["balanced"], namespace["seen"]
+    assert sorted(int(x) for b in fold for x in b["label"]) == sorted([i % 10 for i in range(0, 103, 5)])
+    assert len(balanced) == 11 and sum(len(b["label"]) for b in balanced) == 103
+    sources = torch.cat([b["source"] for b in batches])
+    assert int((sources == 0).sum()) >= 103 and int((sources == 1).sum()) >= 25  # all_exhausted: everything read
