@@ -23,9 +23,33 @@ def load(path: Path) -> tuple[dict, dict[str, list[dict]]]:
     groups: dict[str, list[dict]] = defaultdict(list)
     for bench in doc["benchmarks"]:
         name = bench["name"].split("[", 1)[1].rstrip("]")
-        config = name[len(bench["group"]) + 1:]
+        dataset = bench["group"].split("sampling-", 1)[-1].removeprefix("overhead-")
+        config = name[len(dataset) + 1:] if name.startswith(dataset + "-") else name
         groups[bench["group"]].append({"config": config, **bench["extra_info"]})
     return doc.get("machine_info", {}), groups
+
+
+def split_sampling(groups: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], dict[str, list[dict]]]:
+    """Return (the epoch groups, the sampling groups of benchmarks/test_sampling.py)."""
+    sampling = {g: rows for g, rows in groups.items() if g.startswith("sampling")}
+    return {g: rows for g, rows in groups.items() if g not in sampling}, sampling
+
+
+def sampling_table(groups: dict[str, list[dict]]) -> str:
+    """Per dataset and policy: samples/s, and the interleaved run's median epoch and policy CPU against plain."""
+    lines = ["| dataset | policy | samples/s (best) | median epoch vs plain (interleaved) "
+             "| policy CPU over plain, % of the fastest plain epoch |", "|---|---|---:|---:|---:|"]
+    for group in sorted(g for g in groups if not g.startswith("sampling-overhead-")):
+        dataset = group.removeprefix("sampling-")
+        overhead = groups.get(f"sampling-overhead-{dataset}", [{}])[0]
+        for r in groups[group]:
+            c = r["config"]
+            ratio = overhead.get(f"{c}_vs_plain")
+            extra = overhead.get(f"{c}_overhead_vs_fastest_plain_epoch")
+            lines.append(f"| {dataset} | {c} | {r['samples_per_s']:,.0f} | "
+                         + ("" if ratio is None else f"{ratio:.3f}x") + " | "
+                         + ("" if extra is None else f"{100 * extra:+.1f}%") + " |")
+    return "\n".join(lines)
 
 
 def best_dataloader(rows: list[dict]) -> float:
@@ -84,7 +108,10 @@ def chart(groups: dict[str, list[dict]], out: Path) -> None:
 def main(argv: list[str]) -> int:
     src = Path(argv[1]) if len(argv) > 1 else Path(__file__).parent / "results" / "latest.json"
     machine, groups = load(src)
+    groups, sampling = split_sampling(groups)
     text = table(machine, groups)
+    if sampling:
+        text += "\n\nSampling (benchmarks/test_sampling.py, native, 2 threads):\n\n" + sampling_table(sampling)
     src.with_suffix(".md").write_text(text + "\n")
     chart(groups, src.with_suffix(".png"))
     print(text)

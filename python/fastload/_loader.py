@@ -110,6 +110,14 @@ class ShardLoader:
     Shards are validated before anything reads them; a shard whose real path
     leaves the dataset directory is refused unless ``allow_external_shards``
     is true (a ``ShardDataset`` passed in keeps its own setting).
+
+    Sampling (docs/ORDER.md, "Sampling"): ``indices=`` (or a
+    ``ShardDataset.subset``) reads those samples, in order or shuffled among
+    themselves; ``sample_weights=`` with ``num_samples=`` and ``replacement=``
+    draws as ``WeightedRandomSampler``; a ``fastload.concat`` is one index
+    space and a ``fastload.mix`` samples its datasets by weight. Every policy
+    is a pure function of ``(seed, epoch, position)``, so all of the above
+    (backends, threads, ranks, resume) holds for it too.
     """
 
     def __init__(
