@@ -109,11 +109,12 @@ def main(argv: list[str]) -> int:
     src = Path(argv[1]) if len(argv) > 1 else Path(__file__).parent / "results" / "latest.json"
     machine, groups = load(src)
     groups, sampling = split_sampling(groups)
-    text = table(machine, groups)
+    text = table(machine, groups) if groups else ""
     if sampling:
         text += "\n\nSampling (benchmarks/test_sampling.py, native, 2 threads):\n\n" + sampling_table(sampling)
     src.with_suffix(".md").write_text(text + "\n")
-    chart(groups, src.with_suffix(".png"))
+    if groups:
+        chart(groups, src.with_suffix(".png"))
     print(text)
     print(f"\nwrote {src.with_suffix('.md')} and {src.with_suffix('.png')}")
     return 0
