@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import xxhash
 
-from ._dataset import ShardDataset
+from ._dataset import ShardDataset, empty_batch
 from ._sampling import STOP_MODES, MixSampling, Stop
 from .errors import SchemaMismatchError
 
@@ -146,6 +146,31 @@ class ConcatShardDataset(torch.utils.data.Dataset):
         if self.with_source:
             sample[SOURCE_FIELD] = torch.tensor(j, dtype=torch.int64)
         return sample
+
+    def read_batch(self, indices: Sequence[int], shared: bool = False) -> dict[str, torch.Tensor]:
+        """Return samples ``indices`` as one batch (``ShardDataset.read_batch`` of each dataset, rows put in place).
+
+        With ``with_source`` the batch also holds ``source`` (int64).
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
+            raise IndexError(f"sample index out of range for {len(self)} samples")
+        src = self.source_of(idx.astype(np.uint64))
+        present = np.unique(src)
+        if len(present) == 1:  # one dataset: its batch as it comes
+            j = int(present[0])
+            out = self.datasets[j].read_batch((idx - self.offsets[j]).tolist(), shared)
+        else:
+            out = {f.name: empty_batch(len(idx), f, shared) for f in self.fields}
+            for j in present.tolist():
+                where = np.flatnonzero(src == j)
+                part = self.datasets[j].read_batch((idx[where] - self.offsets[j]).tolist())
+                for name, tensor in out.items():
+                    tensor.numpy()[where] = part[name].numpy()
+        if self.with_source:
+            source = torch.from_numpy(src)
+            out[SOURCE_FIELD] = source.share_memory_() if shared else source
+        return out
 
     def subset(self, indices: Any) -> ShardSubset:
         """Return the samples ``indices`` of the concatenation."""

@@ -23,7 +23,8 @@ from ._splits import resolve_dataset_path
 from .errors import CorruptRecordError
 
 
-def _empty_batch(count: int, field: Field, shared: bool) -> torch.Tensor:
+def empty_batch(count: int, field: Field, shared: bool) -> torch.Tensor:
+    """Return an uninitialised ``[count, *shape]`` tensor of the field's dtype (in shared memory when ``shared``)."""
     dtype = torch.from_numpy(np.empty(0, field.np_dtype)).dtype
     shape = (count, *field.shape)
     if not shared:
@@ -131,7 +132,7 @@ class ShardDataset(torch.utils.data.Dataset):
         so a DataLoader worker sends it to the main process without a copy.
         """
         count = len(indices)
-        tensors = {f.name: _empty_batch(count, f, shared) for f in self.fields}
+        tensors = {f.name: empty_batch(count, f, shared) for f in self.fields}
         rows = [tensors[f.name].view(torch.uint8).reshape(count, f.nbytes).numpy() if wanted else None
                 for f, wanted in zip(self.manifest.fields, self._wanted)]
         by_shard: dict[int, list[tuple[int, int]]] = {}

@@ -22,9 +22,9 @@ from ._native_groups import GroupedNativeEpoch, open_groups
 from ._order import EpochOrder
 from ._plan import EpochPlan
 from ._sampler import EpochBatchSampler, EpochSampler
-from ._splits import resolve_dataset_path
 from ._sampling import ArrayOrder
 from ._sampling_setup import WithSource, dataset_fingerprint, make_sampling
+from ._splits import resolve_dataset_path
 from ._state import check_state, make_state
 from ._torch_backend import OrderBatchSampler, make_dataloader, workers_for_platform
 

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from ._compose import ConcatShardDataset
+from ._dataset import ShardDataset
 from ._plan import EpochPlan
 from ._sampling import IndexOrder
 
@@ -47,7 +49,7 @@ class BatchFetch(torch.utils.data.Dataset):
     ``default_collate`` stacking, one shared-memory block per field to send.
     """
 
-    def __init__(self, dataset: ShardDataset) -> None:
+    def __init__(self, dataset: ShardDataset | ConcatShardDataset) -> None:
         self.dataset = dataset
 
     def __len__(self) -> int:
@@ -87,8 +89,8 @@ def workers_for_platform(num_workers: int | str) -> int:
     return min(os.cpu_count() or 1, 8)
 
 
-def make_dataloader(dataset: torch.utils.data.Dataset, sampler: OrderBatchSampler, num_workers: int, pin_memory: bool,
-                    seed: int, prefetch_factor: int | None, persistent_workers: bool) -> DataLoader:
+def make_dataloader(dataset: ShardDataset | ConcatShardDataset, sampler: OrderBatchSampler, num_workers: int,
+                    pin_memory: bool, seed: int, prefetch_factor: int | None, persistent_workers: bool) -> DataLoader:
     """Return the DataLoader that serves ``backend="torch"``."""
     kwargs: dict = {}
     if num_workers > 0:
