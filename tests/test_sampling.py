@@ -432,3 +432,14 @@ def test_pickled_loader_keeps_its_sampling(small_dataset, second_zstd_and_raw):
         copy = pickle.loads(pickle.dumps(loader))
         assert copy.state_dict() == loader.state_dict()
         assert batches_equal(list(it), list(copy))
+
+
+def test_torch_backend_workers_read_mixtures_like_the_native_backend(small_dataset, second_dataset):
+    mixed = fastload.mix([small_dataset, second_dataset], weights=[1, 1], stop="all_exhausted", with_source=True)
+    native = [clone(b) for b in ShardLoader(mixed, batch_size=8, shuffle=True, seed=2, backend="native")]
+    forked = [clone(b) for b in ShardLoader(mixed, batch_size=8, shuffle=True, seed=2, backend="torch",
+                                            num_workers=2)]
+    assert batches_equal(native, forked)
+    assert {int(s) for b in forked for s in b["source"]} == {0, 1}
+    with pytest.raises(IndexError, match="out of range for 143 samples"):
+        mixed.read_batch([0, 143])
