@@ -26,6 +26,7 @@ uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
 // worker that finishes a job's last chunk (to wake the consumer).
 struct BatchReader::Job {
   std::vector<uint64_t> indices;
+  std::vector<int64_t> params;  // num_params per sample, with transforms
   std::shared_ptr<Slot> slot;
   size_t num_chunks = 0;
   std::atomic<size_t> next_chunk{0};
@@ -34,9 +35,17 @@ struct BatchReader::Job {
   size_t error_position = 0;    // guarded by BatchReader::mutex_
 };
 
+// A worker's buffers for transforms: each transformed field decoded, and two
+// buffers the steps alternate between.
+struct BatchReader::Scratch {
+  std::vector<std::vector<uint8_t>> decoded;
+  std::vector<uint8_t> a, b;
+};
+
 BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<FieldSpec> fields, ReaderOptions options)
     : shards_(std::move(shards)),
       fields_(std::move(fields)),
+      transforms_(std::move(options.transforms)),
       capacity_(options.batch_capacity),
       decode_(options.decode_field),
       delay_us_(options.sample_delay_us),
@@ -45,21 +54,32 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
   if (decode_.empty()) decode_.assign(fields_.size(), true);
   if (decode_.size() != fields_.size()) throw FastloadError("BatchReader: one decode flag per field");
   if (!shards_) throw FastloadError("BatchReader: no shards");
+  if (transforms_ && transforms_->field_count() != fields_.size()) {
+    throw FastloadError("BatchReader: the transforms were compiled for another number of fields");
+  }
   if (capacity_ == 0) throw FastloadError("BatchReader: batch capacity must be positive");
   if (num_threads == 0) throw FastloadError("BatchReader: num_threads must be positive");
-  for (const FieldSpec& f : fields_) {
-    if (static_cast<uint8_t>(f.codec) > static_cast<uint8_t>(Codec::kZstdShuffle)) {
-      throw FastloadError("BatchReader: unknown codec id " + std::to_string(static_cast<int>(f.codec)));
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    if (static_cast<uint8_t>(fields_[f].codec) > static_cast<uint8_t>(Codec::kZstdShuffle)) {
+      throw FastloadError("BatchReader: unknown codec id " + std::to_string(static_cast<int>(fields_[f].codec)));
     }
+    const bool transformed = transforms_ && f < fields_.size() && transforms_->transforms(f);
+    if (transformed && transforms_->in_bytes(f) != fields_[f].decoded_bytes) {
+      throw FastloadError("BatchReader: the transforms expect " + std::to_string(transforms_->in_bytes(f)) +
+                          " decoded bytes for field " + std::to_string(f) + ", the schema has " +
+                          std::to_string(fields_[f].decoded_bytes));
+    }
+    if (transformed && !decode_[f]) throw FastloadError("BatchReader: transforms on field " + std::to_string(f) + ", which is not decoded");
+    sample_bytes_.push_back(transformed ? transforms_->out_bytes(f) : fields_[f].decoded_bytes);
     offsets_.push_back(slot_bytes_);
-    if (decode_[offsets_.size() - 1]) slot_bytes_ = align_up(slot_bytes_ + capacity_ * static_cast<size_t>(f.decoded_bytes));
+    if (decode_[f]) slot_bytes_ = align_up(slot_bytes_ + capacity_ * static_cast<size_t>(sample_bytes_[f]));
   }
   slot_bytes_ = std::max(slot_bytes_, kAlign);
   // Enough chunks per batch that every thread has several to take, but no
   // chunk under kMinChunkBytes of output: with many threads and small
   // records, tiny chunks cost more to hand out than to decode.
   size_t sample_bytes = 0;
-  for (size_t f = 0; f < fields_.size(); ++f) sample_bytes += decode_[f] ? static_cast<size_t>(fields_[f].decoded_bytes) : 0;
+  for (size_t f = 0; f < fields_.size(); ++f) sample_bytes += decode_[f] ? static_cast<size_t>(sample_bytes_[f]) : 0;
   const size_t min_samples = std::max<size_t>(1, kMinChunkBytes / std::max<size_t>(1, sample_bytes));
   chunk_size_ = std::max({size_t{1}, capacity_ / (num_threads * 4), std::min(min_samples, capacity_)});
   pool_ = std::make_shared<SlotPool>(slot_bytes_);
@@ -128,7 +148,13 @@ void BatchReader::add_split_slot(const std::vector<std::pair<uint8_t*, size_t>>&
   pool_->add_split(std::move(data), std::move(owner), reusable);
 }
 
-void BatchReader::submit(std::vector<uint64_t> indices) {
+void BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> params) {
+  const size_t per_sample = transforms_ ? transforms_->num_params() : 0;
+  if (params.size() != indices.size() * per_sample) {
+    throw FastloadError("submit: " + std::to_string(params.size()) + " transform parameters for " +
+                        std::to_string(indices.size()) + " samples, expected " + std::to_string(per_sample) +
+                        " per sample");
+  }
   if (indices.size() > capacity_) {
     throw FastloadError("submit: " + std::to_string(indices.size()) + " samples exceed the batch capacity " +
                         std::to_string(capacity_));
@@ -142,6 +168,7 @@ void BatchReader::submit(std::vector<uint64_t> indices) {
   }
   auto job = std::make_shared<Job>();
   job->indices = std::move(indices);
+  job->params = std::move(params);
   job->num_chunks = (job->indices.size() + chunk_size_ - 1) / chunk_size_;
   job->chunks_left.store(job->num_chunks);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -174,6 +201,15 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
 
 void BatchReader::worker_main() {
   RecordDecoder decoder(fields_, verify_);
+  Scratch scratch;
+  if (transforms_) {
+    scratch.decoded.resize(fields_.size());
+    for (size_t f = 0; f < fields_.size(); ++f) {
+      if (transforms_->transforms(f)) scratch.decoded[f].resize(static_cast<size_t>(fields_[f].decoded_bytes));
+    }
+    scratch.a.resize(transforms_->scratch_bytes());
+    scratch.b.resize(transforms_->scratch_bytes());
+  }
   std::shared_ptr<Job> job;
   for (;;) {
     if (!job) {
@@ -196,7 +232,7 @@ void BatchReader::worker_main() {
     }
     std::exception_ptr error;
     try {
-      run_chunk(*job, chunk, decoder);
+      run_chunk(*job, chunk, decoder, scratch);
     } catch (...) {
       error = std::current_exception();
     }
@@ -218,11 +254,12 @@ void BatchReader::worker_main() {
   }
 }
 
-void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder) {
+void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scratch& scratch) {
   const size_t begin = chunk * chunk_size_;
   const size_t end = std::min(begin + chunk_size_, job.indices.size());
   std::vector<uint8_t*> dest(fields_.size());
-  uint64_t read_ns = 0, decode_ns = 0, bytes_read = 0;
+  std::vector<uint8_t*> out(fields_.size());  // the slot rows; dest differs for transformed fields
+  uint64_t read_ns = 0, decode_ns = 0, bytes_read = 0, transform_ns = 0;
   const uint64_t decompress_before = decoder.decompress_ns();
   for (size_t i = begin; i < end; ++i) {
     auto t0 = std::chrono::steady_clock::now();
@@ -234,11 +271,12 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder) {
     bytes_read += size;
     for (size_t f = 0; f < fields_.size(); ++f) {
       if (!decode_[f]) {
-        dest[f] = nullptr;
+        dest[f] = out[f] = nullptr;
         continue;
       }
       uint8_t* base = job.slot->field_data.empty() ? job.slot->data + offsets_[f] : job.slot->field_data[f];
-      dest[f] = base + i * static_cast<size_t>(fields_[f].decoded_bytes);
+      out[f] = base + i * static_cast<size_t>(sample_bytes_[f]);
+      dest[f] = transforms_ && transforms_->transforms(f) ? scratch.decoded[f].data() : out[f];
     }
     t0 = std::chrono::steady_clock::now();
     try {
@@ -247,15 +285,24 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder) {
       throw CorruptRecordError(shards_->shard(shard).path(), key, err.what());
     }
     decode_ns += elapsed_ns(t0);
+    if (transforms_) {
+      t0 = std::chrono::steady_clock::now();
+      const int64_t* params = job.params.data() + i * transforms_->num_params();
+      for (size_t f = 0; f < fields_.size(); ++f) {
+        if (dest[f] != out[f]) transforms_->run(f, dest[f], out[f], params, scratch.a.data(), scratch.b.data());
+      }
+      transform_ns += elapsed_ns(t0);
+    }
   }
   uint64_t decoded = 0;
-  for (size_t f = 0; f < fields_.size(); ++f) decoded += decode_[f] ? fields_[f].decoded_bytes * (end - begin) : 0;
+  for (size_t f = 0; f < fields_.size(); ++f) decoded += decode_[f] ? sample_bytes_[f] * (end - begin) : 0;
   samples_.fetch_add(end - begin, std::memory_order_relaxed);
   bytes_read_.fetch_add(bytes_read, std::memory_order_relaxed);
   bytes_decoded_.fetch_add(decoded, std::memory_order_relaxed);
   read_ns_.fetch_add(read_ns, std::memory_order_relaxed);
   decode_ns_.fetch_add(decode_ns, std::memory_order_relaxed);
   decompress_ns_.fetch_add(decoder.decompress_ns() - decompress_before, std::memory_order_relaxed);
+  transform_ns_.fetch_add(transform_ns, std::memory_order_relaxed);
 }
 
 ReaderStats BatchReader::stats() const {
@@ -268,12 +315,13 @@ ReaderStats BatchReader::stats() const {
   s.decode_ns = decode_ns_.load();
   s.decompress_ns = decompress_ns_.load();
   s.wait_ns = wait_ns_.load();
+  s.transform_ns = transform_ns_.load();
   return s;
 }
 
 void BatchReader::reset_stats() {
   for (auto* c : {&batches_, &samples_, &bytes_read_, &bytes_decoded_, &read_ns_, &decode_ns_, &decompress_ns_,
-                  &wait_ns_}) {
+                  &wait_ns_, &transform_ns_}) {
     c->store(0);
   }
 }

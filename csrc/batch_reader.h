@@ -15,10 +15,13 @@
 // the lowest position in the batch wins, so the error is deterministic.
 //
 // Batch layout in a slot: field f occupies [field_offset(f), + capacity *
-// decoded_bytes(f)), sample i of field f at field_offset(f) + i *
-// decoded_bytes(f). Offsets are 64-byte aligned. A split slot (add_split_slot)
+// sample_bytes(f)), sample i of field f at field_offset(f) + i *
+// sample_bytes(f). Offsets are 64-byte aligned. A split slot (add_split_slot)
 // has one buffer per field instead, sample i of field f at buffer f + i *
-// decoded_bytes(f).
+// sample_bytes(f). sample_bytes(f) is the decoded size, or the transformed
+// size when a TransformPipeline changes the field: its steps run on each
+// sample between decoding (into per-thread scratch) and the slot, with the
+// sample's parameters given to submit().
 //
 // Thread safety: submit(), wait_next(), close() and the destructor belong to
 // the consumer thread; stats() may be called from any thread. close() is
@@ -42,6 +45,7 @@
 #include "record_decoder.h"
 #include "shard_reader.h"
 #include "slot_pool.h"
+#include "transforms/pipeline.h"
 
 namespace fastload {
 
@@ -56,6 +60,9 @@ struct ReaderOptions {
   bool verify_checksums = true;
   std::vector<bool> decode_field;  // per field; empty means every field
   uint32_t sample_delay_us = 0;    // testing only: slows every record read
+  // Optional: every sample's fields go through it (decoded into per-thread
+  // scratch first); the slot then holds the transformed fields.
+  std::shared_ptr<const TransformPipeline> transforms;
 };
 
 struct ReaderStats {
@@ -66,6 +73,7 @@ struct ReaderStats {
   uint64_t read_ns = 0;        // in record lookups, summed over workers
   uint64_t decode_ns = 0;      // in decompress/copy/verify, summed over workers
   uint64_t decompress_ns = 0;  // the part of decode_ns spent inside zstd
+  uint64_t transform_ns = 0;   // in transform kernels, summed over workers
   uint64_t wait_ns = 0;        // the consumer blocked in wait_next
 };
 
@@ -83,7 +91,9 @@ class BatchReader {
   size_t num_threads() const noexcept { return workers_.size(); }
   const std::shared_ptr<SlotPool>& pool() const noexcept { return pool_; }
   // Bytes field f of one batch needs in a buffer of its own (capacity * decoded bytes).
-  size_t field_bytes(size_t f) const { return capacity_ * static_cast<size_t>(fields_.at(f).decoded_bytes); }
+  size_t field_bytes(size_t f) const { return capacity_ * sample_bytes(f); }
+  // Bytes of one sample of field f in a slot (after transforms).
+  size_t sample_bytes(size_t f) const { return static_cast<size_t>(sample_bytes_.at(f)); }
 
   // Adds a slot of one buffer per field: buffers[f] = (data, size), null for a
   // field not decoded. Throws FastloadError when a decoded field's buffer is
@@ -92,8 +102,9 @@ class BatchReader {
                       bool reusable);
 
   // Queues one batch. Throws FastloadError when closed, when there are more
-  // indices than the capacity, or when no slot is free (add one first).
-  void submit(std::vector<uint64_t> indices);
+  // indices than the capacity, when no slot is free (add one first), or when
+  // params does not hold the pipeline's num_params() per sample (row-major).
+  void submit(std::vector<uint64_t> indices, std::vector<int64_t> params = {});
 
   // The oldest submitted batch once complete; nullopt when `timeout` passes
   // first. Rethrows that batch's error. Throws FastloadError if nothing is
@@ -111,10 +122,13 @@ class BatchReader {
  private:
   struct Job;
   void worker_main();
-  void run_chunk(Job& job, size_t chunk, RecordDecoder& decoder);
+  struct Scratch;
+  void run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scratch& scratch);
 
   std::shared_ptr<const ShardSet> shards_;
   std::vector<FieldSpec> fields_;
+  std::vector<uint64_t> sample_bytes_;
+  std::shared_ptr<const TransformPipeline> transforms_;
   size_t capacity_;
   std::vector<bool> decode_;
   std::vector<size_t> offsets_;
@@ -134,7 +148,7 @@ class BatchReader {
   std::vector<std::thread> workers_;
 
   std::atomic<uint64_t> batches_{0}, samples_{0}, bytes_read_{0}, bytes_decoded_{0};
-  std::atomic<uint64_t> read_ns_{0}, decode_ns_{0}, decompress_ns_{0}, wait_ns_{0};
+  std::atomic<uint64_t> read_ns_{0}, decode_ns_{0}, decompress_ns_{0}, wait_ns_{0}, transform_ns_{0};
 };
 
 }  // namespace fastload

@@ -26,6 +26,7 @@
 #include "permutation.h"
 #include "record_decoder.h"
 #include "shard_reader.h"
+#include "transforms/pipeline.h"
 
 namespace py = pybind11;
 using namespace fastload;
@@ -45,6 +46,51 @@ std::vector<FieldSpec> to_specs(const std::vector<FieldTuple>& fields) {
     specs.push_back(FieldSpec{static_cast<Codec>(codec), itemsize, decoded});
   }
   return specs;
+}
+
+// One compiled transform step, as fastload.transforms.Step.native() builds it:
+// (kind, field, in dtype, in (c, h, w), hwc, out dtype, out (c, h, w), param
+// offset, pad bytes, channels, convert mode, scale, mean, std).
+using StepTuple = std::tuple<int, size_t, int, std::vector<int64_t>, bool, int, std::vector<int64_t>, size_t,
+                             py::bytes, std::vector<int64_t>, int, double, std::vector<double>, std::vector<double>>;
+
+transforms::Dims to_dims(const std::vector<int64_t>& chw, bool hwc) {
+  if (chw.size() != 3) throw py::value_error("a transform step's sizes are (channels, height, width)");
+  return transforms::Dims{chw[0], chw[1], chw[2], hwc};
+}
+
+transforms::DType to_dtype(int code) {
+  if (code < 0 || code > transforms::kMaxDType) throw py::value_error("unknown dtype code " + std::to_string(code));
+  return static_cast<transforms::DType>(code);
+}
+
+std::shared_ptr<const TransformPipeline> to_pipeline(const std::vector<StepTuple>& tuples,
+                                                     const std::vector<FieldSpec>& specs, size_t num_params) {
+  if (tuples.empty() && num_params == 0) return nullptr;
+  std::vector<TransformStep> steps;
+  for (const auto& [kind, field, in_dtype, in, hwc, out_dtype, out, offset, pad, channels, mode, scale, mean, std] :
+       tuples) {
+    if (kind < 0 || kind > TransformStep::kConvert) throw py::value_error("unknown step kind " + std::to_string(kind));
+    if (mode < 0 || mode > 1) throw py::value_error("unknown convert mode " + std::to_string(mode));
+    TransformStep s;
+    s.kind = static_cast<uint8_t>(kind);
+    s.field = field;
+    s.in_dtype = to_dtype(in_dtype);
+    s.in = to_dims(in, hwc);
+    s.out_dtype = to_dtype(out_dtype);
+    s.out = to_dims(out, hwc);
+    s.param_offset = offset;
+    s.pad = std::string(pad);
+    s.channels = channels;
+    s.mode = static_cast<transforms::ConvertMode>(mode);
+    s.scale = static_cast<float>(scale);
+    for (double v : mean) s.mean.push_back(static_cast<float>(v));
+    for (double v : std) s.std.push_back(static_cast<float>(v));
+    steps.push_back(std::move(s));
+  }
+  std::vector<uint64_t> decoded;
+  for (const FieldSpec& f : specs) decoded.push_back(f.decoded_bytes);
+  return std::make_shared<const TransformPipeline>(std::move(steps), decoded, num_params);
 }
 
 // Holds a Python object from C++; safe to destroy on any thread.
@@ -68,15 +114,17 @@ class PyBatchReader {
  public:
   PyBatchReader(std::shared_ptr<const ShardSet> shards, const std::vector<FieldTuple>& fields,
                 std::vector<py::dtype> dtypes, std::vector<std::vector<py::ssize_t>> shapes, std::vector<bool> decode,
-                size_t batch_capacity, size_t num_threads, bool verify, uint32_t sample_delay_us)
-      : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)) {
+                size_t batch_capacity, size_t num_threads, bool verify, uint32_t sample_delay_us,
+                const std::vector<StepTuple>& steps, size_t num_params)
+      : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)), num_params_(num_params) {
     if (dtypes_.size() != fields.size() || shapes_.size() != fields.size() || decode.size() != fields.size()) {
       throw py::value_error("fields, dtypes, shapes and decode differ in length");
     }
     if (batch_capacity == 0) throw py::value_error("batch_capacity must be positive");
     if (num_threads == 0) throw py::value_error("num_threads must be positive");
     auto specs = to_specs(fields);
-    ReaderOptions options{batch_capacity, num_threads, verify, std::move(decode), sample_delay_us};
+    ReaderOptions options{batch_capacity, num_threads, verify, std::move(decode), sample_delay_us,
+                          to_pipeline(steps, specs, num_params)};
     py::gil_scoped_release release;
     reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), std::move(options));
   }
@@ -117,11 +165,22 @@ class PyBatchReader {
     reader().add_split_slot(spans, std::make_shared<GilObject>(buffers), reusable);
   }
 
-  void submit(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices) {
+  // params: [len(indices), num_params] int64, or None without transform parameters.
+  void submit(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices,
+              const std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& params) {
     std::vector<uint64_t> copy(indices.data(), indices.data() + indices.size());
+    std::vector<int64_t> values;
+    if (params) {
+      if (params->ndim() != 2 || static_cast<size_t>(params->shape(1)) != num_params_ ||
+          params->shape(0) != indices.size()) {
+        throw py::value_error("submit: params must have shape [" + std::to_string(indices.size()) + ", " +
+                              std::to_string(num_params_) + "]");
+      }
+      values.assign(params->data(), params->data() + params->size());
+    }
     BatchReader& r = reader();
     py::gil_scoped_release release;
-    r.submit(std::move(copy));
+    r.submit(std::move(copy), std::move(values));
   }
 
   CompletedBatch wait() {
@@ -176,6 +235,7 @@ class PyBatchReader {
  private:
   std::vector<py::dtype> dtypes_;
   std::vector<std::vector<py::ssize_t>> shapes_;
+  size_t num_params_ = 0;
   std::unique_ptr<BatchReader> reader_;
 };
 
@@ -189,6 +249,7 @@ py::dict stats_dict(const ReaderStats& s) {
   d["decompress_s"] = static_cast<double>(s.decompress_ns) * 1e-9;
   d["copy_s"] = static_cast<double>(s.decode_ns - std::min(s.decode_ns, s.decompress_ns)) * 1e-9;
   d["wait_s"] = static_cast<double>(s.wait_ns) * 1e-9;
+  d["transform_s"] = static_cast<double>(s.transform_ns) * 1e-9;
   return d;
 }
 
@@ -360,10 +421,12 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<PyBatchReader>(m, "BatchReader", "Worker threads decoding batches into pooled buffers.")
       .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,
-                    std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool, uint32_t>(),
+                    std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool, uint32_t,
+                    const std::vector<StepTuple>&, size_t>(),
            py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("decode"),
            py::arg("batch_capacity"), py::arg("num_threads"), py::arg("verify") = true,
-           py::arg("sample_delay_us") = 0)
+           py::arg("sample_delay_us") = 0, py::arg("transforms") = std::vector<StepTuple>{},
+           py::arg("num_params") = 0)
       .def_property_readonly("slot_bytes", [](PyBatchReader& r) { return r.reader().slot_bytes(); })
       .def_property_readonly("num_threads", [](PyBatchReader& r) { return r.reader().num_threads(); })
       .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })
@@ -379,7 +442,7 @@ PYBIND11_MODULE(_native, m) {
         for (size_t f = 0; f < r.field_count(); ++f) out.push_back(r.reader().field_bytes(f));
         return out;
       })
-      .def("submit", &PyBatchReader::submit, py::arg("indices"))
+      .def("submit", &PyBatchReader::submit, py::arg("indices"), py::arg("params") = py::none())
       .def("next", &PyBatchReader::next)
       .def("next_count", &PyBatchReader::next_count)
       .def("close", &PyBatchReader::close)

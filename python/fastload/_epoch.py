@@ -78,7 +78,7 @@ class EpochIterator:
             self._end(complete=False)
             raise RuntimeError(f"a pass over {len(self.plan)} batches stopped after {self.delivered}")
         self.delivered += 1
-        self._samples += len(next(iter(batch.values())))
+        self._samples += _batch_len(batch)
         if self.delivered == len(self.plan):
             self._end(complete=True)  # the last batch: the epoch is complete now, not on an extra next()
         return batch
@@ -153,3 +153,10 @@ def summarize_stats(raw: dict[str, Any], backend: str) -> dict[str, Any]:
     else:
         stats["bottleneck"] = "loader"
     return stats
+
+
+def _batch_len(batch: Any) -> int:
+    """Return the samples of a batch: a dict of tensors, or a tuple (``output=``); 0 if it cannot tell."""
+    first = next(iter(batch.values()), None) if isinstance(batch, dict) else (
+        batch[0] if isinstance(batch, (tuple, list)) and batch else None)
+    return len(first) if isinstance(first, torch.Tensor) and first.dim() > 0 else 0

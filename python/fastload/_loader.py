@@ -12,6 +12,7 @@ from typing import Any, Literal, Union
 import numpy as np
 import torch
 
+from ._augment import Augment, BatchTransform, check_dataset_class
 from ._compose import ConcatShardDataset, ShardSubset
 from ._dataset import ShardDataset
 from ._device import CudaOps, DevicePrefetcher, resolve_device
@@ -146,6 +147,10 @@ class ShardLoader:
         sample_weights: Any = None,
         num_samples: int | None = None,
         replacement: bool = True,
+        transforms: Sequence[Any] | None = None,
+        layout: str | Mapping[str, str] = "chw",
+        batch_transform: BatchTransform | None = None,
+        output: Sequence[str] | None = None,
     ) -> None:
         if split is not None:  # a dataset root with splits.json: pick one split's directory
             if not isinstance(path_or_dataset, (str, os.PathLike)):
@@ -188,6 +193,8 @@ class ShardLoader:
         else:
             self.prefetch = _positive_int("prefetch", prefetch)
         self.backend = _resolve_backend(backend)
+        check_dataset_class(self.dataset, self.backend)
+        self.augment = Augment(self.dataset, transforms, layout, batch_transform, output, seed)
         self.verify_checksums = verify_checksums
         self._epoch = 0
         self._start = 0  # global position where the next pass of self._epoch begins (after load_state_dict)
@@ -207,7 +214,8 @@ class ShardLoader:
             "num_workers": num_workers, "verify_checksums": verify_checksums, "prefetch_factor": prefetch_factor,
             "persistent_workers": persistent_workers, "rank": rank, "world_size": world_size,
             "even_batches": even_batches, "device": device, "indices": indices, "sample_weights": sample_weights,
-            "num_samples": num_samples, "replacement": replacement}
+            "num_samples": num_samples, "replacement": replacement, "transforms": transforms,
+            "layout": layout, "batch_transform": batch_transform, "output": output}
         if self.backend == "torch":
             self.num_workers = workers_for_platform(num_workers)
             if self.num_workers < 0:
@@ -215,7 +223,7 @@ class ShardLoader:
             self._init_kwargs["num_workers"] = self.num_workers
             self._sampler = OrderBatchSampler(self._order(0), self._plan(0, 0, warn=False))
             self._dataloader = make_dataloader(self.dataset, self._sampler, self.num_workers, self.pin_memory, seed,
-                                               prefetch_factor, persistent_workers)
+                                               prefetch_factor, persistent_workers, self.augment)
 
     # ---- distributed settings -----------------------------------------------------------------
 
@@ -340,10 +348,10 @@ class ShardLoader:
         epoch, plan = self._epoch, self._plan(self._start, self._epoch)
         order = self._order(epoch)
         if self.backend == "native":
-            inner: Iterator[Batch] = self._iter_native(order, plan)
+            inner: Iterator[Batch] = self._iter_native(order, plan, epoch)
         else:
             assert self._sampler is not None and self._dataloader is not None
-            self._sampler.configure(order, plan)
+            self._sampler.configure(order, plan, epoch)
             inner = iter(self._dataloader) if len(plan) else iter(())
         if self.device is not None or self._transfer_ops is not None:
             ops = self._transfer_ops
@@ -351,6 +359,7 @@ class ShardLoader:
                 assert self.device is not None
                 ops = CudaOps(self.device)
             inner = DevicePrefetcher(inner, ops, self.max_copies_in_flight)
+        inner = self.augment.finish(inner, epoch, lambda b: int(plan.batch_positions(b)[0]), self.device)
         self._active = weakref.ref(it)
         return epoch, plan, inner
 
@@ -361,7 +370,7 @@ class ShardLoader:
             self._last_stats = it.raw_stats()
             self._epoch, self._start = int(it.epoch) + 1, 0  # type: ignore[arg-type]
 
-    def _iter_native(self, order: EpochOrder | ArrayOrder, plan: EpochPlan) -> Iterator[Batch]:
+    def _iter_native(self, order: EpochOrder | ArrayOrder, plan: EpochPlan, epoch: int) -> Iterator[Batch]:
         if len(plan) == 0:
             return iter(())
         datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
@@ -388,10 +397,10 @@ class ShardLoader:
         if grouped:  # datasets that store records differently: a reader per group, parts copied together
             assert isinstance(self.dataset, ConcatShardDataset)
             epoch_batches = GroupedNativeEpoch(self.dataset, self._shards, len(plan), self.batch_size, batch_indices,
-                                               settings)
+                                               settings)  # transforms are refused at construction here
         else:
             epoch_batches = NativeEpoch(self._shards, datasets[0], len(plan), self.batch_size, batch_indices,
-                                        settings)
+                                        settings, self.augment, epoch)
         if isinstance(self.dataset, ConcatShardDataset) and self.dataset.with_source:
             epoch_batches = WithSource(epoch_batches, self.dataset, batch_indices)
         return epoch_batches

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._augment import Augment
 from ._dataset import ShardDataset
 from ._pinned import FieldViews, HostAllocator, allocate_pinned, split_layout
 
@@ -94,10 +95,17 @@ class NativeEpoch:
     """
 
     def __init__(self, shards: Any, dataset: ShardDataset, num_batches: int, batch_size: int,
-                 batch_indices: Callable[[int], np.ndarray], settings: NativeSettings) -> None:
+                 batch_indices: Callable[[int], np.ndarray], settings: NativeSettings,
+                 augment: Augment | None = None, epoch: int = 0) -> None:
         assert _native is not None
         schema = dataset.manifest.fields
         wanted = {f.name for f in dataset.fields}
+        self._augment, self._epoch = augment, epoch
+        # What the slots hold: each field after the transforms (bfloat16 held as uint16 and viewed).
+        specs = {name: spec for name, *spec in (augment.field_specs(dataset) if augment is not None else
+                                                Augment(dataset, None, "chw", None, None, 0).field_specs(dataset))}
+        steps, num_params = augment.native_steps(dataset) if augment is not None else ([], 0)
+        self._bf16 = [name for name, (_np, dt, _s) in specs.items() if dt == torch.bfloat16]
         self._names = [f.name for f in schema if f.name in wanted]
         self._num_batches = num_batches
         self._batch_indices = batch_indices
@@ -109,9 +117,11 @@ class NativeEpoch:
         self._allocator = settings.allocator()
         self._buffers: deque[list[torch.Tensor]] = deque()  # single-use buffers of submitted batches, in order
         self._reader: Any = _native.BatchReader(
-            shards, [(f.codec_id, f.itemsize, f.nbytes) for f in schema], [f.np_dtype for f in schema],
-            [list(f.shape) for f in schema], [f.name in wanted for f in schema], batch_size,
-            settings.num_threads, settings.verify_checksums, settings.sample_delay_us)
+            shards, [(f.codec_id, f.itemsize, f.nbytes) for f in schema],
+            [specs[f.name][0] if f.name in specs else f.np_dtype for f in schema],
+            [list(specs[f.name][2]) if f.name in specs else list(f.shape) for f in schema],
+            [f.name in wanted for f in schema], batch_size, settings.num_threads, settings.verify_checksums,
+            settings.sample_delay_us, steps, num_params)
         self._views: FieldViews | None = None
         self._split = False
         if self._allocator is not None:
@@ -119,9 +129,8 @@ class NativeEpoch:
             sizes = [b for f, b in zip(schema, self._reader.field_bytes) if f.name in wanted]
             self._split = split_layout(sizes, self._reader.slot_bytes)
             offsets = [0] * len(decoded) if self._split else self._reader.field_offsets
-            self._views = FieldViews(self._names, offsets,
-                                     [torch.from_numpy(np.empty(0, f.np_dtype)).dtype for f in decoded],
-                                     [f.shape for f in decoded])
+            self._views = FieldViews(self._names, offsets, [specs[f.name][1] for f in decoded],
+                                     [specs[f.name][2] for f in decoded])
             self._wanted = [f.name in wanted for f in schema]
 
     def _submit_ahead(self) -> None:
@@ -131,7 +140,9 @@ class NativeEpoch:
                 self._buffers.append(self._new_buffers())
             elif reader.free_slots == 0:
                 reader.add_slot(np.empty(reader.slot_bytes, dtype=np.uint8))
-            reader.submit(self._batch_indices(self._next_submit))
+            indices = self._batch_indices(self._next_submit)
+            params = self._augment.params(self._epoch, indices) if self._augment is not None else None
+            reader.submit(indices, params)
             self._next_submit += 1
 
     def _new_buffers(self) -> list[torch.Tensor]:
@@ -160,6 +171,8 @@ class NativeEpoch:
                 batch = self._views(self._buffers.popleft(), count)
             else:
                 batch = {name: torch.from_numpy(a) for name, a in zip(self._names, self._reader.next())}
+                for name in self._bf16:
+                    batch[name] = batch[name].view(torch.bfloat16)
             self._delivered += 1
             self._submit_ahead()
         except BaseException:

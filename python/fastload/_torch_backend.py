@@ -12,24 +12,32 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from ._augment import Augment
 from ._compose import ConcatShardDataset
 from ._dataset import ShardDataset
 from ._plan import EpochPlan
 from ._sampling import IndexOrder
 
 
+class IndexBatch(list):
+    """A batch's sample indices, carrying the epoch that keys their transforms' random draws."""
+
+    epoch: int = 0
+
+
 class OrderBatchSampler(Sampler[list[int]]):
     """Yields one rank's batches of an epoch (docs/ORDER.md, ``_plan.py``) as lists of sample indices.
 
-    ``configure(order, plan)`` selects the epoch before each iteration.
+    ``configure(order, plan, epoch)`` selects the epoch before each iteration; each
+    batch of indices carries its epoch (``IndexBatch``) for the transforms' draws.
     """
 
     def __init__(self, order: IndexOrder, plan: EpochPlan) -> None:
         self.configure(order, plan)
 
-    def configure(self, order: IndexOrder, plan: EpochPlan) -> None:
-        """Select the epoch order and this rank's plan for the next iteration."""
-        self.order, self.plan = order, plan
+    def configure(self, order: IndexOrder, plan: EpochPlan, epoch: int = 0) -> None:
+        """Select the epoch order, this rank's plan and the epoch number for the next iteration."""
+        self.order, self.plan, self.epoch = order, plan, epoch
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -37,7 +45,9 @@ class OrderBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         order, plan = self.order, self.plan
         for b in range(len(plan)):
-            yield order.at(plan.batch_positions(b)).tolist()
+            batch = IndexBatch(order.at(plan.batch_positions(b)).tolist())
+            batch.epoch = self.epoch
+            yield batch
 
 
 class BatchFetch(torch.utils.data.Dataset):
@@ -49,8 +59,9 @@ class BatchFetch(torch.utils.data.Dataset):
     ``default_collate`` stacking, one shared-memory block per field to send.
     """
 
-    def __init__(self, dataset: ShardDataset | ConcatShardDataset) -> None:
+    def __init__(self, dataset: ShardDataset | ConcatShardDataset, augment: Augment | None = None) -> None:
         self.dataset = dataset
+        self.augment = augment
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -59,7 +70,11 @@ class BatchFetch(torch.utils.data.Dataset):
         return self.dataset[index]
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        return self.dataset.read_batch(indices, shared=torch.utils.data.get_worker_info() is not None)
+        shared = torch.utils.data.get_worker_info() is not None
+        if self.augment is None or not self.augment.transforms:
+            return self.dataset.read_batch(indices, shared=shared)
+        batch = self.augment.reference(self.dataset.read_batch(indices), getattr(indices, "epoch", 0), indices)
+        return {k: v.share_memory_() if shared else v for k, v in batch.items()}
 
 
 def collate_batch(batch: Any) -> Any:
@@ -90,7 +105,8 @@ def workers_for_platform(num_workers: int | str) -> int:
 
 
 def make_dataloader(dataset: ShardDataset | ConcatShardDataset, sampler: OrderBatchSampler, num_workers: int,
-                    pin_memory: bool, seed: int, prefetch_factor: int | None, persistent_workers: bool) -> DataLoader:
+                    pin_memory: bool, seed: int, prefetch_factor: int | None, persistent_workers: bool,
+                    augment: Augment | None = None) -> DataLoader:
     """Return the DataLoader that serves ``backend="torch"``."""
     kwargs: dict = {}
     if num_workers > 0:
@@ -100,5 +116,5 @@ def make_dataloader(dataset: ShardDataset | ConcatShardDataset, sampler: OrderBa
             kwargs["multiprocessing_context"] = "fork"
     generator = torch.Generator()
     generator.manual_seed(seed & (2**63 - 1))
-    return DataLoader(BatchFetch(dataset), batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
+    return DataLoader(BatchFetch(dataset, augment), batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
                       generator=generator, collate_fn=collate_batch, **kwargs)

@@ -1,0 +1,222 @@
+#include "transforms/kernels.h"
+
+#include <cstring>
+
+namespace fastload::transforms {
+namespace {
+
+uint32_t float_bits(float v) noexcept {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return b;
+}
+
+float bits_float(uint32_t b) noexcept {
+  float v;
+  std::memcpy(&v, &b, 4);
+  return v;
+}
+
+// One unit is n bytes: an item of one plane (chw) or a whole pixel (hwc).
+inline void gather_units(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, size_t n,
+                         const int64_t* m, const uint8_t* pad) noexcept {
+  const int64_t planes = in.hwc ? 1 : in.c;
+  for (int64_t p = 0; p < planes; ++p) {
+    const uint8_t* s = src + static_cast<size_t>(p * in.h * in.w) * n;
+    uint8_t* o = dst + static_cast<size_t>(p * out.h * out.w) * n;
+    for (int64_t y = 0; y < out.h; ++y) {
+      int64_t iy = m[0] * y + m[2];
+      int64_t ix = m[3] * y + m[5];
+      for (int64_t x = 0; x < out.w; ++x, iy += m[1], ix += m[4], o += n) {
+        if (iy >= 0 && iy < in.h && ix >= 0 && ix < in.w) {
+          std::memcpy(o, s + static_cast<size_t>(iy * in.w + ix) * n, n);
+        } else {
+          std::memcpy(o, pad, n);
+        }
+      }
+    }
+  }
+}
+
+template <size_t N>
+void gather_fixed(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, const int64_t* m,
+                  const uint8_t* pad) noexcept {
+  gather_units(src, in, dst, out, N, m, pad);
+}
+
+// Rows copied whole: maps with m[1] = m[3] = 0 and m[4] = 1 (crops, pads, vertical flips).
+void gather_rows(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, size_t item, const int64_t* m,
+                 const uint8_t* pad) noexcept {
+  const size_t px = in.hwc ? static_cast<size_t>(in.c) * item : item;  // bytes per pixel of one plane
+  const int64_t planes = in.hwc ? 1 : in.c;
+  const int64_t x0 = m[5] < 0 ? -m[5] : 0;                         // first x inside the input
+  int64_t x1 = in.w - m[5];                                        // one past the last
+  if (x1 > out.w) x1 = out.w;
+  auto fill = [&](uint8_t* o, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) std::memcpy(o + static_cast<size_t>(i) * px, pad, px);
+  };
+  for (int64_t p = 0; p < planes; ++p) {
+    const uint8_t* s = src + static_cast<size_t>(p * in.h * in.w) * px;
+    uint8_t* o = dst + static_cast<size_t>(p * out.h * out.w) * px;
+    for (int64_t y = 0; y < out.h; ++y, o += static_cast<size_t>(out.w) * px) {
+      const int64_t iy = m[0] * y + m[2];
+      if (iy < 0 || iy >= in.h || x1 <= x0) {
+        fill(o, out.w);
+        continue;
+      }
+      fill(o, x0);
+      std::memcpy(o + static_cast<size_t>(x0) * px, s + static_cast<size_t>(iy * in.w + x0 + m[5]) * px,
+                  static_cast<size_t>(x1 - x0) * px);
+      fill(o + static_cast<size_t>(x1) * px, out.w - x1);
+    }
+  }
+}
+
+template <typename T>
+float load(const uint8_t* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return static_cast<float>(v);
+}
+
+float load_as_float(const uint8_t* p, DType dtype) noexcept {
+  switch (dtype) {
+    case DType::kU8: return load<uint8_t>(p);
+    case DType::kI8: return load<int8_t>(p);
+    case DType::kU16: return load<uint16_t>(p);
+    case DType::kI16: return load<int16_t>(p);
+    case DType::kI32: return load<int32_t>(p);
+    case DType::kI64: return load<int64_t>(p);
+    case DType::kF32: return load<float>(p);
+    case DType::kF64: return load<double>(p);
+    case DType::kF16: {
+      uint16_t b;
+      std::memcpy(&b, p, 2);
+      return half_to_float(b);
+    }
+    case DType::kBF16: {
+      uint16_t b;
+      std::memcpy(&b, p, 2);
+      return bits_float(static_cast<uint32_t>(b) << 16);
+    }
+    case DType::kBool: return *p != 0 ? 1.0f : 0.0f;
+  }
+  return 0.0f;
+}
+
+template <typename Load>
+void convert_with(Load&& load_at, const Dims& d, uint8_t* dst, DType out, ConvertMode mode, float scale,
+                  const float* mean, const float* std) noexcept {
+  const size_t osize = itemsize(out);
+  const int64_t n = d.elements();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = d.hwc ? i % d.c : i / (d.h * d.w);
+    const float v = load_at(i);
+    const float y = mode == ConvertMode::kNormalize ? (v - mean[c]) / std[c] : v * scale;
+    uint8_t* o = dst + static_cast<size_t>(i) * osize;
+    if (out == DType::kF32) {
+      std::memcpy(o, &y, 4);
+    } else {
+      const uint16_t h = out == DType::kF16 ? float_to_half(y) : float_to_bfloat16(y);
+      std::memcpy(o, &h, 2);
+    }
+  }
+}
+
+}  // namespace
+
+size_t itemsize(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::kU8: case DType::kI8: case DType::kBool: return 1;
+    case DType::kU16: case DType::kI16: case DType::kF16: case DType::kBF16: return 2;
+    case DType::kI32: case DType::kF32: return 4;
+    case DType::kI64: case DType::kF64: return 8;
+  }
+  return 0;
+}
+
+void gather(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, size_t item, const int64_t* m,
+            const uint8_t* pad) noexcept {
+  if (m[1] == 0 && m[3] == 0 && m[4] == 1) return gather_rows(src, in, dst, out, item, m, pad);
+  const size_t unit = in.hwc ? static_cast<size_t>(in.c) * item : item;
+  switch (unit) {
+    case 1: return gather_fixed<1>(src, in, dst, out, m, pad);
+    case 2: return gather_fixed<2>(src, in, dst, out, m, pad);
+    case 4: return gather_fixed<4>(src, in, dst, out, m, pad);
+    case 8: return gather_fixed<8>(src, in, dst, out, m, pad);
+    case 3: return gather_fixed<3>(src, in, dst, out, m, pad);
+    default: return gather_units(src, in, dst, out, unit, m, pad);
+  }
+}
+
+void select_channels(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, size_t item,
+                     const int64_t* channels) noexcept {
+  const size_t plane = static_cast<size_t>(in.h * in.w);
+  if (!in.hwc) {
+    for (int64_t k = 0; k < out.c; ++k) {
+      std::memcpy(dst + static_cast<size_t>(k) * plane * item, src + static_cast<size_t>(channels[k]) * plane * item,
+                  plane * item);
+    }
+    return;
+  }
+  for (size_t p = 0; p < plane; ++p) {
+    const uint8_t* s = src + p * static_cast<size_t>(in.c) * item;
+    uint8_t* o = dst + p * static_cast<size_t>(out.c) * item;
+    for (int64_t k = 0; k < out.c; ++k) std::memcpy(o + static_cast<size_t>(k) * item, s + static_cast<size_t>(channels[k]) * item, item);
+  }
+}
+
+void convert(const uint8_t* src, DType in, const Dims& dims, uint8_t* dst, DType out, ConvertMode mode, float scale,
+             const float* mean, const float* std) noexcept {
+  if (in == DType::kU8) {  // the common case, without a switch per element
+    convert_with([src](int64_t i) { return static_cast<float>(src[i]); }, dims, dst, out, mode, scale, mean, std);
+    return;
+  }
+  const size_t isize = itemsize(in);
+  convert_with([&](int64_t i) { return load_as_float(src + static_cast<size_t>(i) * isize, in); }, dims, dst, out,
+               mode, scale, mean, std);
+}
+
+uint16_t float_to_bfloat16(float value) noexcept {
+  const uint32_t b = float_bits(value);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>(((b >> 16) & 0x8000u) | 0x7FC0u);
+  return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+uint16_t float_to_half(float value) noexcept {
+  const uint32_t b = float_bits(value);
+  const uint32_t sign = (b >> 16) & 0x8000u;
+  const uint32_t a = b & 0x7FFFFFFFu;
+  uint32_t h;
+  if (a > 0x7F800000u) {
+    h = 0x7E00u;  // NaN, sign kept
+  } else if (a >= 0x477FF000u) {
+    h = 0x7C00u;  // rounds to infinity
+  } else if (a >= 0x38800000u) {
+    h = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;
+  } else if (a < 0x33000000u) {
+    h = 0;
+  } else {  // subnormal half: round m * 2^(e - 126 - 24) to an integer number of 2^-24
+    const uint32_t shift = 126u - (a >> 23);
+    const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+    const uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1u);
+    h = r + ((rem > half || (rem == half && (r & 1u))) ? 1u : 0u);
+  }
+  return static_cast<uint16_t>(h | sign);
+}
+
+float half_to_float(uint16_t bits) noexcept {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t e = (bits >> 10) & 0x1Fu;
+  const uint32_t m = bits & 0x3FFu;
+  if (e == 0) {
+    const float v = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+    return bits_float(float_bits(v) | sign);
+  }
+  if (e == 31) return bits_float(sign | 0x7F800000u | (m << 13));
+  return bits_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+}  // namespace fastload::transforms

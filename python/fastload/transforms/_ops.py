@@ -1,0 +1,298 @@
+"""The transform ops: declared as data, compiled by ``_program.py`` into kernel steps.
+
+Spatial ops (crops, pads, flips, rotations) draw their parameters once per
+sample and apply them to every field they target, as one integer affine map
+from output to input pixel (``Step`` gather). Value ops (channel selection,
+dtype conversion, normalisation) apply to the fields they name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._rng import bernoulli, draw, randint
+from ._spec import FLOAT_OUTPUTS, FieldState, dtype_name
+
+
+class TransformError(ValueError):
+    """A transform cannot apply to the dataset's fields; the message names the op and the field."""
+
+
+def _pair(value: int | Sequence[int], what: str) -> tuple[int, int]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        pair = (int(value), int(value))
+    elif isinstance(value, Sequence) and len(value) == 2:
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise TransformError(f"{what} must be an int or a pair (height, width), not {value!r}")
+    if min(pair) <= 0:
+        raise TransformError(f"{what} must be positive, not {value!r}")
+    return pair
+
+
+def _field_list(fields: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    if fields is None:
+        return None
+    return (fields,) if isinstance(fields, str) else tuple(fields)
+
+
+class Transform:
+    """Base of every op: ``fields`` names the fields it applies to (None: the op's default)."""
+
+    def __init__(self, fields: str | Sequence[str] | None = None) -> None:
+        self.fields = _field_list(fields)
+
+    @property
+    def name(self) -> str:
+        """Return the op's class name, as error messages quote it."""
+        return type(self).__name__
+
+    def fail(self, field: str, reason: str) -> TransformError:
+        """Return the error for this op on ``field``."""
+        return TransformError(f"{self!r}: field {field!r}: {reason}")
+
+    def targets(self, state: Mapping[str, FieldState]) -> list[str]:
+        """Return the fields this op applies to, validated against the fields at its point of the chain."""
+        raise NotImplementedError
+
+    def _named(self, state: Mapping[str, FieldState], default: tuple[str, ...]) -> list[str]:
+        names = self.fields if self.fields is not None else default
+        for n in names:
+            if n not in state:
+                raise self.fail(n, f"no such field (the loader yields {sorted(state)}); pass fields=[...]")
+        return list(names)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and v is not None)
+        return f"{self.name}({args})"
+
+
+class SpatialTransform(Transform):
+    """A geometric op: one integer affine map per sample, shared by every targeted field."""
+
+    def targets(self, state: Mapping[str, FieldState]) -> list[str]:
+        """Return the targeted fields (default: every 2-D or 3-D field); they must share height and width."""
+        names = self._named(state, tuple(n for n, s in state.items() if s.spatial))
+        if not names:
+            raise TransformError(f"{self!r}: the loader yields no 2-D or 3-D field to apply it to")
+        first = None
+        for n in names:
+            s = state[n]
+            if not s.spatial:
+                raise self.fail(n, f"shape {s.shape} is not an image (2-D, or 3-D chw/hwc)")
+            if first is None:
+                first = (n, s.chw[1:])
+            elif s.chw[1:] != first[1]:
+                raise self.fail(n, f"height x width {s.chw[1:]} differs from {first[0]!r}'s {first[1]}; "
+                                "a geometric op draws one set of parameters for all its fields")
+        return names
+
+    def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
+        """Return the output (height, width) for an input of (h, w); raise TransformError if it cannot apply."""
+        return h, w
+
+    def maps(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return per-sample affine maps ``[n, 6]`` (a, b, c, d, e, f), input size (h, w)."""
+        raise NotImplementedError
+
+    def pad_value(self, field: str) -> float:
+        """Return the value written where the map falls outside the input."""
+        return 0.0
+
+
+def _affine(n: int, a: Any = 1, b: Any = 0, c: Any = 0, d: Any = 0, e: Any = 1, f: Any = 0) -> np.ndarray:
+    out = np.empty((n, 6), dtype=np.int64)
+    for j, v in enumerate((a, b, c, d, e, f)):
+        out[:, j] = v
+    return out
+
+
+class Pad(SpatialTransform):
+    """Pad by ``padding`` pixels: an int (all sides), (left/right, top/bottom) or (left, top, right, bottom)."""
+
+    def __init__(self, padding: int | Sequence[int], pad_value: float | Mapping[str, float] = 0,
+                 fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(fields)
+        p = [padding] * 4 if isinstance(padding, int) else list(padding)
+        if len(p) == 2:
+            p = [p[0], p[1], p[0], p[1]]
+        if len(p) != 4 or any(not isinstance(v, (int, np.integer)) or v < 0 for v in p):
+            raise TransformError(f"Pad: padding must be non-negative ints (1, 2 or 4 of them), not {padding!r}")
+        self.padding = tuple(int(v) for v in p)  # left, top, right, bottom
+        self.pad_value_ = pad_value
+
+    def pad_value(self, field: str) -> float:
+        """Return the pad value of ``field``."""
+        v = self.pad_value_
+        return float(v.get(field, 0) if isinstance(v, Mapping) else v)
+
+    def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
+        """Return the padded size."""
+        left, top, right, bottom = self.padding
+        return h + top + bottom, w + left + right
+
+    def maps(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return the constant shift by (top, left)."""
+        left, top = self.padding[0], self.padding[1]
+        return _affine(len(keys), c=-top, f=-left)
+
+
+class CenterCrop(SpatialTransform):
+    """Crop ``size`` (int or (h, w)) from the centre: top = (H - h) // 2, left = (W - w) // 2."""
+
+    def __init__(self, size: int | Sequence[int], fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(fields)
+        self.size = _pair(size, "CenterCrop: size")
+
+    def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
+        """Return ``size``; fail when it exceeds the input."""
+        if self.size[0] > h or self.size[1] > w:
+            raise self.fail(field, f"crop {self.size} is larger than the sample's {(h, w)}")
+        return self.size
+
+    def maps(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return the constant shift to the centre crop."""
+        return _affine(len(keys), c=(h - self.size[0]) // 2, f=(w - self.size[1]) // 2)
+
+
+class RandomCrop(SpatialTransform):
+    """Crop ``size`` at a random place of the sample padded by ``padding`` on every side with ``pad_value``."""
+
+    def __init__(self, size: int | Sequence[int], padding: int = 0, pad_value: float | Mapping[str, float] = 0,
+                 fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(fields)
+        self.size = _pair(size, "RandomCrop: size")
+        if not isinstance(padding, (int, np.integer)) or isinstance(padding, bool) or padding < 0:
+            raise TransformError(f"RandomCrop: padding must be a non-negative int, not {padding!r}")
+        self.padding = int(padding)
+        self.pad_value_ = pad_value
+
+    pad_value = Pad.pad_value
+
+    def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
+        """Return ``size``; fail when it exceeds the padded input."""
+        p = self.padding
+        if self.size[0] > h + 2 * p or self.size[1] > w + 2 * p:
+            raise self.fail(field, f"crop {self.size} is larger than the sample {(h, w)} plus padding {p}")
+        return self.size
+
+    def maps(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return shifts: top = randint(draw 0, H + 2p - h + 1), left = randint(draw 1, W + 2p - w + 1)."""
+        p = self.padding
+        top = randint(draw(keys, 0), h + 2 * p - self.size[0] + 1)
+        left = randint(draw(keys, 1), w + 2 * p - self.size[1] + 1)
+        return _affine(len(keys), c=top - p, f=left - p)
+
+
+class RandomFlip(SpatialTransform):
+    """Flip left-right (draw 0) and/or up-down (draw 1), each with probability ``p``."""
+
+    def __init__(self, horizontal: bool = True, vertical: bool = False, p: float = 0.5,
+                 fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(fields)
+        if not 0.0 <= p <= 1.0:
+            raise TransformError(f"RandomFlip: p must be in [0, 1], not {p!r}")
+        self.horizontal, self.vertical, self.p = bool(horizontal), bool(vertical), float(p)
+
+    def maps(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return per-sample flips."""
+        n = len(keys)
+        hf = bernoulli(draw(keys, 0), self.p) if self.horizontal else np.zeros(n, bool)
+        vf = bernoulli(draw(keys, 1), self.p) if self.vertical else np.zeros(n, bool)
+        return _affine(n, a=np.where(vf, -1, 1), c=np.where(vf, h - 1, 0), e=np.where(hf, -1, 1),
+                       f=np.where(hf, w - 1, 0))
+
+
+def _square(op: SpatialTransform, h: int, w: int, field: str) -> tuple[int, int]:
+    if h != w:
+        raise op.fail(field, f"{h}x{w} is not square, so rotated samples would not stack into one batch")
+    return h, w
+
+
+def _dihedral(t: np.ndarray, s: int) -> np.ndarray:
+    """Maps of ``np.rot90(x, t % 4)`` then, for t >= 4, a left-right flip, on an s x s square."""
+    table = np.array([[1, 0, 0, 0, 1, 0], [0, 1, 0, -1, 0, s - 1], [-1, 0, s - 1, 0, -1, s - 1],
+                      [0, -1, s - 1, 1, 0, 0]], dtype=np.int64)
+    m = table[t % 4]
+    flip = t >= 4
+    a, b, c, d, e, f = m.T
+    return np.stack([a, np.where(flip, -b, b), np.where(flip, c + b * (s - 1), c),
+                     d, np.where(flip, -e, e), np.where(flip, f + e * (s - 1), f)], axis=1)
+
+
+class RandomRot90(SpatialTransform):
+    """Rotate by k * 90 degrees counter-clockwise (as ``np.rot90``), k = randint(draw 0, 4); square samples."""
+
+    def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
+        """Return the (square) size."""
+        return _square(self, h, w, field)
+
+    def maps(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return the rotations."""
+        return _dihedral(randint(draw(keys, 0), 4), h)
+
+
+class RandomDihedral(SpatialTransform):
+    """One of the 8 symmetries of the square, t = randint(draw 0, 8): rot90 by t % 4, then a flip if t >= 4."""
+
+    def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
+        """Return the (square) size."""
+        return _square(self, h, w, field)
+
+    def maps(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return the symmetries."""
+        return _dihedral(randint(draw(keys, 0), 8), h)
+
+
+class ValueTransform(Transform):
+    """An op on the values of the fields it names (default: the field "image")."""
+
+    def targets(self, state: Mapping[str, FieldState]) -> list[str]:
+        """Return the named fields (default ``("image",)``), checked to exist."""
+        return self._named(state, ("image",))
+
+
+class SelectChannels(ValueTransform):
+    """Keep channels ``indices`` in that order (band subsets and reordering) of a 3-D field."""
+
+    def __init__(self, indices: Sequence[int], fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(fields)
+        self.indices = [int(i) for i in indices]
+        if not self.indices:
+            raise TransformError("SelectChannels: indices must name at least one channel")
+
+
+def _float_dtype(op: str, dtype: Any) -> str:
+    name = dtype_name(dtype)
+    if name not in FLOAT_OUTPUTS:
+        raise TransformError(f"{op}: dtype must be one of {FLOAT_OUTPUTS}, not {dtype!r}")
+    return name
+
+
+class ToDtype(ValueTransform):
+    """Convert to ``dtype`` (float32, float16, bfloat16) as ``float32(x) * scale``, rounded to nearest even."""
+
+    def __init__(self, dtype: Any = "float32", scale: float = 1.0, fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(fields)
+        self.dtype = _float_dtype("ToDtype", dtype)
+        self.scale = float(scale)
+
+
+class Normalize(ValueTransform):
+    """``(float32(x) - mean[c]) / std[c]`` per channel, in float32, rounded into ``dtype``.
+
+    ``mean`` and ``std`` are in the units of the input (e.g. 0..255 for uint8
+    without a ``ToDtype`` before); one value each, or one per channel.
+    """
+
+    def __init__(self, mean: float | Sequence[float], std: float | Sequence[float], dtype: Any = "float32",
+                 fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(fields)
+        self.mean = [float(v) for v in (mean if isinstance(mean, Sequence) else [mean])]
+        self.std = [float(v) for v in (std if isinstance(std, Sequence) else [std])]
+        if any(s == 0 or not np.isfinite(s) for s in self.std):
+            raise TransformError(f"Normalize: std must be finite and non-zero, not {std!r}")
+        self.dtype = _float_dtype("Normalize", dtype)

@@ -1,0 +1,112 @@
+"""Compiles a chain of ops against a dataset's fields: the steps per field, the output fields, the draws."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._ops import (
+    Normalize,
+    SelectChannels,
+    SpatialTransform,
+    ToDtype,
+    Transform,
+    TransformError,
+)
+from ._reference import float32_to
+from ._rng import op_keys
+from ._spec import CONVERT, GATHER, LAYOUTS, NORMALIZE, SCALE, SELECT, FieldState, Step, storage_dtype
+
+NUMERIC = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64", "bfloat16")
+
+
+def _pad_bytes(op: SpatialTransform, state: FieldState) -> bytes:
+    value = op.pad_value(state.name)
+    if state.dtype == "bfloat16":
+        return float32_to(np.array([value], np.float32), "bfloat16").tobytes()
+    dt = storage_dtype(state.dtype)
+    cast = np.array([value]).astype(dt)
+    if cast[0] != value and not (np.isnan(value) and dt.kind == "f"):
+        raise op.fail(state.name, f"pad value {value!r} does not fit dtype {state.dtype}")
+    return cast.tobytes()
+
+
+class Program:
+    """A transform chain compiled for one set of fields.
+
+    ``fields`` are (name, dtype, shape) of what the loader decodes; ``layout``
+    ("chw" or "hwc", or a dict per field name) says where a 3-D field keeps
+    its channels; 2-D fields are single-channel images or masks.
+    """
+
+    def __init__(self, ops: Sequence[Transform], fields: Sequence[tuple[str, str, tuple[int, ...]]],
+                 layout: str | Mapping[str, str] = "chw") -> None:
+        self.ops = list(ops)
+        state: dict[str, FieldState] = {}
+        for name, dtype, shape in fields:
+            lay = layout.get(name, "chw") if isinstance(layout, Mapping) else layout
+            if lay not in LAYOUTS:
+                raise TransformError(f"layout of field {name!r} must be 'chw' or 'hwc', not {lay!r}")
+            state[name] = FieldState(name, dtype, tuple(shape), "hw" if len(shape) == 2 else lay)
+        self.inputs = dict(state)
+        self.steps: list[Step] = []
+        self.spatial: list[tuple[int, SpatialTransform, int, int, int]] = []  # position, op, offset, h, w
+        self.num_params = 0
+        for position, op in enumerate(self.ops):
+            if not isinstance(op, Transform):
+                raise TransformError(f"transforms[{position}] is {op!r}, not a fastload.transforms op")
+            for name in op.targets(state):
+                state[name] = self._compile(op, position, state[name])
+        self.outputs = state
+
+    def _compile(self, op: Transform, position: int, src: FieldState) -> FieldState:
+        c, h, w = src.chw
+        if isinstance(op, SpatialTransform):
+            oh, ow = op.out_size(h, w, src.name)
+            if not self.spatial or self.spatial[-1][0] != position:
+                self.spatial.append((position, op, self.num_params, h, w))
+                self.num_params += 6
+            dst = src.with_chw(c, oh, ow)
+            self.steps.append(Step(GATHER, src.name, src, dst, op.name, param_offset=self.spatial[-1][2],
+                                   pad=_pad_bytes(op, src)))
+            return dst
+        if isinstance(op, SelectChannels):
+            if len(src.shape) != 3:
+                raise op.fail(src.name, f"shape {src.shape} has no channel axis")
+            bad = [i for i in op.indices if not 0 <= i < c]
+            if bad:
+                raise op.fail(src.name, f"channel(s) {bad} out of range for {c} channels")
+            dst = src.with_chw(len(op.indices), h, w)
+            self.steps.append(Step(SELECT, src.name, src, dst, op.name, channels=list(op.indices)))
+            return dst
+        if isinstance(op, (ToDtype, Normalize)):
+            if src.dtype not in NUMERIC:
+                raise op.fail(src.name, f"dtype {src.dtype} is not numeric")
+            dst = src.with_chw(c, h, w, op.dtype)
+            if isinstance(op, ToDtype):
+                step = Step(CONVERT, src.name, src, dst, op.name, mode=SCALE, scale=op.scale)
+            else:
+                mean, std = op.mean, op.std
+                for what, values in (("mean", mean), ("std", std)):
+                    if len(values) not in (1, c):
+                        raise op.fail(src.name, f"{len(values)} {what} values for {c} channels")
+                step = Step(CONVERT, src.name, src, dst, op.name, mode=NORMALIZE,
+                            mean=[float(np.float32(v)) for v in (mean * c if len(mean) == 1 else mean)],
+                            std=[float(np.float32(v)) for v in (std * c if len(std) == 1 else std)])
+            self.steps.append(step)
+            return dst
+        raise TransformError(f"{op!r} is not supported")
+
+    def params(self, seed: int, epoch: int, indices: Any) -> np.ndarray:
+        """Return every sample's parameters ``[len(indices), num_params]`` (int64) for the spatial steps."""
+        indices = np.asarray(indices, dtype=np.uint64)
+        out = np.zeros((len(indices), self.num_params), dtype=np.int64)
+        for position, op, offset, h, w in self.spatial:
+            out[:, offset:offset + 6] = op.maps(op_keys(seed, epoch, indices, position), h, w)
+        return out
+
+    def steps_for(self, name: str) -> list[Step]:
+        """Return the steps of field ``name``, in order."""
+        return [s for s in self.steps if s.field == name]
