@@ -27,7 +27,8 @@ def _pad_bytes(op: SpatialTransform, state: FieldState) -> bytes:
     if state.dtype == "bfloat16":
         return float32_to(np.array([value], np.float32), "bfloat16").tobytes()
     dt = storage_dtype(state.dtype)
-    cast = np.array([value]).astype(dt)
+    with np.errstate(all="ignore"):
+        cast = np.array([value]).astype(dt)
     if cast[0] != value and not (np.isnan(value) and dt.kind == "f"):
         raise op.fail(state.name, f"pad value {value!r} does not fit dtype {state.dtype}")
     return cast.tobytes()

@@ -105,8 +105,9 @@ def run_step(step: Step, x: np.ndarray, params: np.ndarray) -> np.ndarray:
 def apply(program: Program, batch: Mapping[str, np.ndarray], params: np.ndarray) -> dict[str, np.ndarray]:
     """Return the transformed batch: ``{name: [n, *output shape]}`` in the output storage dtypes."""
     out = dict(batch)
-    for step in program.steps:
-        out[step.field] = run_step(step, out[step.field], params)
+    with np.errstate(all="ignore"):  # overflow to inf is a defined result here, as in C++
+        for step in program.steps:
+            out[step.field] = run_step(step, out[step.field], params)
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 _U64 = np.uint64
+TRANSFORMS_VERSION = 1
 TRANSFORM_TAG = 0x7472616E73666F72  # ASCII "transfor": separates these keys from the epoch order's
 
 
