@@ -65,7 +65,8 @@ def test_op_parameters_reproduce_committed_vectors():
     ops = [RandomCrop((6, 6), padding=2), RandomFlip(horizontal=True, vertical=True), RandomRot90(), RandomDihedral()]
     assert [repr(op) for op in ops] == chain["ops"]
     program = Program(ops, [("image", "uint8", (3, 9, 9))])
-    assert program.params(chain["seed"], chain["epoch"], np.array(chain["indices"], np.uint64)).tolist() == chain["params"]
+    params = program.params(chain["seed"], chain["epoch"], np.array(chain["indices"], np.uint64))
+    assert params.tolist() == chain["params"]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -229,7 +230,8 @@ def sample_values(dtype: str, shape, rng) -> np.ndarray:
     return x
 
 
-@pytest.fixture(scope="module", params=[(d, lay) for d in DTYPES for lay in ("chw", "hwc")], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=[(d, lay) for d in DTYPES for lay in ("chw", "hwc")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def dtype_dataset(request, tmp_path_factory):
     dtype, layout = request.param
     rng = np.random.default_rng(DTYPES.index(dtype))

@@ -69,7 +69,8 @@ class Augment:
         if output is not None:
             unknown = [n for n in output if n not in names]
             if unknown or not output:
-                raise ValueError(f"output={tuple(output)!r} names unknown field(s) {unknown}; the loader yields {names}")
+                raise ValueError(f"output={tuple(output)!r} names unknown field(s) {unknown}; "
+                                 f"the loader yields {names}")
         self.output = tuple(output) if output is not None else None
         self.seed = seed
 

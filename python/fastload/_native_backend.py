@@ -100,11 +100,14 @@ class NativeEpoch:
         assert _native is not None
         schema = dataset.manifest.fields
         wanted = {f.name for f in dataset.fields}
-        self._augment, self._epoch = augment, epoch
         # What the slots hold: each field after the transforms (bfloat16 held as uint16 and viewed).
-        specs = {name: spec for name, *spec in (augment.field_specs(dataset) if augment is not None else
-                                                Augment(dataset, None, "chw", None, None, 0).field_specs(dataset))}
-        steps, num_params = augment.native_steps(dataset) if augment is not None else ([], 0)
+        if augment is None:
+            augment = Augment(dataset, None, "chw", None, None, 0)
+        specs = {name: (np_dtype, torch_dtype, shape) for name, np_dtype, torch_dtype, shape in
+                 augment.field_specs(dataset)}
+        steps, num_params = augment.native_steps(dataset)
+        self._augment: Augment = augment
+        self._epoch = epoch
         self._bf16 = [name for name, (_np, dt, _s) in specs.items() if dt == torch.bfloat16]
         self._names = [f.name for f in schema if f.name in wanted]
         self._num_batches = num_batches
@@ -141,7 +144,7 @@ class NativeEpoch:
             elif reader.free_slots == 0:
                 reader.add_slot(np.empty(reader.slot_bytes, dtype=np.uint8))
             indices = self._batch_indices(self._next_submit)
-            params = self._augment.params(self._epoch, indices) if self._augment is not None else None
+            params = self._augment.params(self._epoch, indices)
             reader.submit(indices, params)
             self._next_submit += 1
 

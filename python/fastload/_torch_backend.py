@@ -116,5 +116,5 @@ def make_dataloader(dataset: ShardDataset | ConcatShardDataset, sampler: OrderBa
             kwargs["multiprocessing_context"] = "fork"
     generator = torch.Generator()
     generator.manual_seed(seed & (2**63 - 1))
-    return DataLoader(BatchFetch(dataset, augment), batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
-                      generator=generator, collate_fn=collate_batch, **kwargs)
+    return DataLoader(BatchFetch(dataset, augment), batch_sampler=sampler, num_workers=num_workers,
+                      pin_memory=pin_memory, generator=generator, collate_fn=collate_batch, **kwargs)

@@ -213,7 +213,7 @@ def _square(op: SpatialTransform, h: int, w: int, field: str) -> tuple[int, int]
 
 
 def _dihedral(t: np.ndarray, s: int) -> np.ndarray:
-    """Maps of ``np.rot90(x, t % 4)`` then, for t >= 4, a left-right flip, on an s x s square."""
+    """Return the maps of ``np.rot90(x, t % 4)`` then, for t >= 4, a left-right flip, on an s x s square."""
     table = np.array([[1, 0, 0, 0, 1, 0], [0, 1, 0, -1, 0, s - 1], [-1, 0, s - 1, 0, -1, s - 1],
                       [0, -1, s - 1, 1, 0, 0]], dtype=np.int64)
     m = table[t % 4]

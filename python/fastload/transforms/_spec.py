@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any
 
 import numpy as np
@@ -93,11 +94,11 @@ class Step:
     op: str
     param_offset: int = 0
     pad: bytes = b""
-    channels: list[int] = field(default_factory=list)
+    channels: list[int] = dc_field(default_factory=list)
     mode: int = SCALE
     scale: float = 1.0
-    mean: list[float] = field(default_factory=list)
-    std: list[float] = field(default_factory=list)
+    mean: list[float] = dc_field(default_factory=list)
+    std: list[float] = dc_field(default_factory=list)
 
     def native(self, field_index: int) -> tuple:
         """Return the tuple ``fastload._native.BatchReader`` takes for this step."""
