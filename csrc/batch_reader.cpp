@@ -69,7 +69,9 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
                           " decoded bytes for field " + std::to_string(f) + ", the schema has " +
                           std::to_string(fields_[f].decoded_bytes));
     }
-    if (transformed && !decode_[f]) throw FastloadError("BatchReader: transforms on field " + std::to_string(f) + ", which is not decoded");
+    if (transformed && !decode_[f]) {
+      throw FastloadError("BatchReader: transforms on field " + std::to_string(f) + ", which is not decoded");
+    }
     sample_bytes_.push_back(transformed ? transforms_->out_bytes(f) : fields_[f].decoded_bytes);
     offsets_.push_back(slot_bytes_);
     if (decode_[f]) slot_bytes_ = align_up(slot_bytes_ + capacity_ * static_cast<size_t>(sample_bytes_[f]));

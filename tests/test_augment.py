@@ -137,3 +137,19 @@ def test_native_stats_count_transform_time(seg_dataset):
     loader = ShardLoader(seg_dataset, batch_size=8, transforms=OPS, num_threads=2)
     list(loader)
     assert loader._last_stats["transform_s"] > 0
+
+
+def test_readme_augmentation_snippet_runs_as_written(tmp_path):
+    from test_readme import snippet
+
+    rng = np.random.default_rng(4)
+    path = tmp_path / "train"
+    fastload.write_arrays(path, {"image": rng.integers(0, 4000, (40, 4, 16, 16), dtype=np.uint16),
+                                 "label": np.arange(40, dtype=np.int64) % 10}, codec="zstd-shuffle")
+    source = snippet("Augmentation", {'"shards/train"': repr(str(path)), "batch_size=256": "batch_size=8",
+                                      "RandomCrop(224, padding=8)": "RandomCrop(12, padding=2)",
+                                      "range(10)": "range(2)"})
+    namespace: dict = {}
+    exec(compile(source, "README.md", "exec"), namespace)
+    x, y = next(iter(namespace["loader"]))
+    assert x.dtype == torch.float32 and x.shape == (8, 3, 12, 12) and y.shape == (8,)

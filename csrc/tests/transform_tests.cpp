@@ -64,7 +64,9 @@ void test_gather_matches_the_definition() {
         std::vector<uint8_t> pad_item(item);
         for (auto& b : pad_item) b = static_cast<uint8_t>(rng());
         std::vector<uint8_t> pad_pixel;  // what the pipeline hands the kernel in hwc
-        for (int64_t c = 0; c < (hwc ? channels : 1); ++c) pad_pixel.insert(pad_pixel.end(), pad_item.begin(), pad_item.end());
+        for (int64_t c = 0; c < (hwc ? channels : 1); ++c) {
+          pad_pixel.insert(pad_pixel.end(), pad_item.begin(), pad_item.end());
+        }
         for (const auto& m : maps) {
           std::vector<uint8_t> dst(static_cast<size_t>(out.elements()) * item, 0xEE);
           gather(src.data(), in, dst.data(), out, item, m, pad_pixel.data());
@@ -170,7 +172,9 @@ void test_pipeline_validation_and_run() {
   const int64_t params[] = {1, 0, 2, 0, 1, 3};
   p.run(0, src.data(), dst.data(), params, a.data(), b.data());
   for (int64_t y = 0; y < 4; ++y)
-    for (int64_t x = 0; x < 4; ++x) CHECK(dst[static_cast<size_t>(y * 4 + x)] == src[static_cast<size_t>(2 * 64 + (y + 2) * 8 + x + 3)]);
+    for (int64_t x = 0; x < 4; ++x) {
+      CHECK(dst[static_cast<size_t>(y * 4 + x)] == src[static_cast<size_t>(2 * 64 + (y + 2) * 8 + x + 3)]);
+    }
 }
 
 }  // namespace

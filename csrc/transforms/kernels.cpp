@@ -162,7 +162,9 @@ void select_channels(const uint8_t* src, const Dims& in, uint8_t* dst, const Dim
   for (size_t p = 0; p < plane; ++p) {
     const uint8_t* s = src + p * static_cast<size_t>(in.c) * item;
     uint8_t* o = dst + p * static_cast<size_t>(out.c) * item;
-    for (int64_t k = 0; k < out.c; ++k) std::memcpy(o + static_cast<size_t>(k) * item, s + static_cast<size_t>(channels[k]) * item, item);
+    for (int64_t k = 0; k < out.c; ++k) {
+      std::memcpy(o + static_cast<size_t>(k) * item, s + static_cast<size_t>(channels[k]) * item, item);
+    }
   }
 }
 

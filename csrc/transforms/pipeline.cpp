@@ -28,7 +28,9 @@ void check_step(TransformStep& s, size_t num_params, const std::string& what) {
   if (s.in.hwc != s.out.hwc) throw FastloadError(what + ": input and output layouts differ");
   switch (s.kind) {
     case TransformStep::kGather:
-      if (s.in_dtype != s.out_dtype || s.in.c != s.out.c) throw FastloadError(what + ": gather keeps dtype and channels");
+      if (s.in_dtype != s.out_dtype || s.in.c != s.out.c) {
+        throw FastloadError(what + ": gather keeps dtype and channels");
+      }
       if (s.param_offset > num_params || num_params - s.param_offset < 6) {
         throw FastloadError(what + ": parameters beyond the " + std::to_string(num_params) + " per sample");
       }
@@ -42,7 +44,9 @@ void check_step(TransformStep& s, size_t num_params, const std::string& what) {
       if (s.in_dtype != s.out_dtype || s.in.h != s.out.h || s.in.w != s.out.w) {
         throw FastloadError(what + ": select keeps dtype, height and width");
       }
-      if (s.channels.size() != static_cast<size_t>(s.out.c)) throw FastloadError(what + ": one index per output channel");
+      if (s.channels.size() != static_cast<size_t>(s.out.c)) {
+        throw FastloadError(what + ": one index per output channel");
+      }
       for (int64_t c : s.channels) {
         if (c < 0 || c >= s.in.c) throw FastloadError(what + ": channel " + std::to_string(c) + " out of range");
       }
@@ -70,7 +74,8 @@ TransformPipeline::TransformPipeline(std::vector<TransformStep> steps, const std
     TransformStep& s = steps[i];
     const std::string what = "transform step " + std::to_string(i);
     if (s.field >= decoded_bytes.size()) throw FastloadError(what + ": no field " + std::to_string(s.field));
-    if (static_cast<uint8_t>(s.in_dtype) > transforms::kMaxDType || static_cast<uint8_t>(s.out_dtype) > transforms::kMaxDType) {
+    if (static_cast<uint8_t>(s.in_dtype) > transforms::kMaxDType ||
+        static_cast<uint8_t>(s.out_dtype) > transforms::kMaxDType) {
       throw FastloadError(what + ": unknown dtype code");
     }
     const uint64_t in_bytes = dims_bytes(s.in, s.in_dtype, what);
