@@ -1,6 +1,7 @@
 #include "transforms/kernels.h"
 
 #include <cstring>
+#include <type_traits>
 
 namespace fastload::transforms {
 namespace {
@@ -72,54 +73,87 @@ void gather_rows(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& o
   }
 }
 
-template <typename T>
-float load(const uint8_t* p) noexcept {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return static_cast<float>(v);
-}
-
-float load_as_float(const uint8_t* p, DType dtype) noexcept {
-  switch (dtype) {
-    case DType::kU8: return load<uint8_t>(p);
-    case DType::kI8: return load<int8_t>(p);
-    case DType::kU16: return load<uint16_t>(p);
-    case DType::kI16: return load<int16_t>(p);
-    case DType::kI32: return load<int32_t>(p);
-    case DType::kI64: return load<int64_t>(p);
-    case DType::kF32: return load<float>(p);
-    case DType::kF64: return load<double>(p);
-    case DType::kF16: {
-      uint16_t b;
-      std::memcpy(&b, p, 2);
-      return half_to_float(b);
-    }
-    case DType::kBF16: {
-      uint16_t b;
-      std::memcpy(&b, p, 2);
-      return bits_float(static_cast<uint32_t>(b) << 16);
-    }
-    case DType::kBool: return *p != 0 ? 1.0f : 0.0f;
+// Element loaders (to float32) and storers (from float32, rounding to nearest even).
+struct ToF32 {
+  static void store(uint8_t* o, float y) noexcept { std::memcpy(o, &y, 4); }
+};
+struct ToF16 {
+  static void store(uint8_t* o, float y) noexcept {
+    const uint16_t h = float_to_half(y);
+    std::memcpy(o, &h, 2);
   }
-  return 0.0f;
+};
+struct ToBF16 {
+  static void store(uint8_t* o, float y) noexcept {
+    const uint16_t h = float_to_bfloat16(y);
+    std::memcpy(o, &h, 2);
+  }
+};
+
+// One run of `n` elements with `stride` elements between them (1 in chw planes,
+// c for one channel of hwc), all of one channel: y = (v - m) / sd or v * scale.
+template <typename In, typename Out, bool kNormalize>
+void convert_run(const uint8_t* src, uint8_t* dst, int64_t n, int64_t stride, float scale, float m, float sd) noexcept {
+  constexpr size_t isize = In::kSize;
+  const size_t osize = std::is_same_v<Out, ToF32> ? 4 : 2;
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t k = static_cast<size_t>(i * stride);
+    const float v = In::load(src + k * isize);
+    Out::store(dst + k * osize, kNormalize ? (v - m) / sd : v * scale);
+  }
 }
 
-template <typename Load>
-void convert_with(Load&& load_at, const Dims& d, uint8_t* dst, DType out, ConvertMode mode, float scale,
-                  const float* mean, const float* std) noexcept {
-  const size_t osize = itemsize(out);
-  const int64_t n = d.elements();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t c = d.hwc ? i % d.c : i / (d.h * d.w);
-    const float v = load_at(i);
-    const float y = mode == ConvertMode::kNormalize ? (v - mean[c]) / std[c] : v * scale;
-    uint8_t* o = dst + static_cast<size_t>(i) * osize;
-    if (out == DType::kF32) {
-      std::memcpy(o, &y, 4);
+template <typename T>
+struct Plain {
+  static float load(const uint8_t* p) noexcept {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return static_cast<float>(v);
+  }
+  static constexpr size_t kSize = sizeof(T);
+};
+struct Half {
+  static float load(const uint8_t* p) noexcept {
+    uint16_t b;
+    std::memcpy(&b, p, 2);
+    return half_to_float(b);
+  }
+  static constexpr size_t kSize = 2;
+};
+struct BHalf {
+  static float load(const uint8_t* p) noexcept {
+    uint16_t b;
+    std::memcpy(&b, p, 2);
+    return bits_float(static_cast<uint32_t>(b) << 16);
+  }
+  static constexpr size_t kSize = 2;
+};
+
+template <typename In, typename Out>
+void convert_typed(const uint8_t* src, const Dims& d, uint8_t* dst, ConvertMode mode, float scale, const float* mean,
+                   const float* std) noexcept {
+  const int64_t plane = d.h * d.w;
+  const size_t isize = In::kSize;
+  const size_t osize = std::is_same_v<Out, ToF32> ? 4 : 2;
+  for (int64_t c = 0; c < d.c; ++c) {
+    // chw: channel c is one contiguous plane; hwc: every c-th element from offset c.
+    const size_t first = d.hwc ? static_cast<size_t>(c) : static_cast<size_t>(c * plane);
+    const int64_t stride = d.hwc ? d.c : 1;
+    if (mode == ConvertMode::kNormalize) {
+      convert_run<In, Out, true>(src + first * isize, dst + first * osize, plane, stride, scale, mean[c], std[c]);
     } else {
-      const uint16_t h = out == DType::kF16 ? float_to_half(y) : float_to_bfloat16(y);
-      std::memcpy(o, &h, 2);
+      convert_run<In, Out, false>(src + first * isize, dst + first * osize, plane, stride, scale, 0.0f, 1.0f);
     }
+  }
+}
+
+template <typename In>
+void convert_to(const uint8_t* src, const Dims& d, uint8_t* dst, DType out, ConvertMode mode, float scale,
+                const float* mean, const float* std) noexcept {
+  switch (out) {
+    case DType::kF32: return convert_typed<In, ToF32>(src, d, dst, mode, scale, mean, std);
+    case DType::kF16: return convert_typed<In, ToF16>(src, d, dst, mode, scale, mean, std);
+    default: return convert_typed<In, ToBF16>(src, d, dst, mode, scale, mean, std);
   }
 }
 
@@ -170,13 +204,19 @@ void select_channels(const uint8_t* src, const Dims& in, uint8_t* dst, const Dim
 
 void convert(const uint8_t* src, DType in, const Dims& dims, uint8_t* dst, DType out, ConvertMode mode, float scale,
              const float* mean, const float* std) noexcept {
-  if (in == DType::kU8) {  // the common case, without a switch per element
-    convert_with([src](int64_t i) { return static_cast<float>(src[i]); }, dims, dst, out, mode, scale, mean, std);
-    return;
+  switch (in) {
+    case DType::kU8: return convert_to<Plain<uint8_t>>(src, dims, dst, out, mode, scale, mean, std);
+    case DType::kI8: return convert_to<Plain<int8_t>>(src, dims, dst, out, mode, scale, mean, std);
+    case DType::kU16: return convert_to<Plain<uint16_t>>(src, dims, dst, out, mode, scale, mean, std);
+    case DType::kI16: return convert_to<Plain<int16_t>>(src, dims, dst, out, mode, scale, mean, std);
+    case DType::kI32: return convert_to<Plain<int32_t>>(src, dims, dst, out, mode, scale, mean, std);
+    case DType::kI64: return convert_to<Plain<int64_t>>(src, dims, dst, out, mode, scale, mean, std);
+    case DType::kF32: return convert_to<Plain<float>>(src, dims, dst, out, mode, scale, mean, std);
+    case DType::kF64: return convert_to<Plain<double>>(src, dims, dst, out, mode, scale, mean, std);
+    case DType::kF16: return convert_to<Half>(src, dims, dst, out, mode, scale, mean, std);
+    case DType::kBF16: return convert_to<BHalf>(src, dims, dst, out, mode, scale, mean, std);
+    case DType::kBool: return convert_to<Plain<uint8_t>>(src, dims, dst, out, mode, scale, mean, std);
   }
-  const size_t isize = itemsize(in);
-  convert_with([&](int64_t i) { return load_as_float(src + static_cast<size_t>(i) * isize, in); }, dims, dst, out,
-               mode, scale, mean, std);
 }
 
 uint16_t float_to_bfloat16(float value) noexcept {

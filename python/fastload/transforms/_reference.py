@@ -9,7 +9,7 @@ and conversion to float16 / bfloat16 rounds to nearest even, written out here
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -71,21 +71,39 @@ def _from_nchw(x: np.ndarray, s: FieldState) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(n, *s.shape)
 
 
+def _take(img: np.ndarray, rows: np.ndarray, cols: np.ndarray, pad: Any) -> np.ndarray:
+    """Return ``img[:, rows][:, :, cols]`` with ``pad`` where a row or column index is outside the image."""
+    _, h, w = img.shape
+    out = img.take(np.clip(rows, 0, h - 1), axis=1).take(np.clip(cols, 0, w - 1), axis=2)
+    out[:, (rows < 0) | (rows >= h), :] = pad
+    out[:, :, (cols < 0) | (cols >= w)] = pad
+    return out
+
+
+def _gather_one(img: np.ndarray, size: tuple[int, int], m: np.ndarray, pad: Any) -> np.ndarray:
+    """Return one sample (C, H, W) gathered through the affine map ``m`` (docs/TRANSFORMS.md)."""
+    (oh, ow), (a, b, c, d, e, f) = size, (int(v) for v in m)
+    y, x = np.arange(oh, dtype=np.int64), np.arange(ow, dtype=np.int64)
+    if b == 0 and d == 0:  # rows from y, columns from x: crops, pads, flips
+        return _take(img, a * y + c, e * x + f, pad)
+    if a == 0 and e == 0:  # rows from x, columns from y: the transposing rotations
+        return _take(img, b * x + c, d * y + f, pad).transpose(0, 2, 1)
+    _, h, w = img.shape
+    iy, ix = a * y[:, None] + b * x[None] + c, d * y[:, None] + e * x[None] + f
+    inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
+    return np.where(inside[None], img[:, np.clip(iy, 0, h - 1), np.clip(ix, 0, w - 1)], pad)
+
+
 def run_step(step: Step, x: np.ndarray, params: np.ndarray) -> np.ndarray:
     """Apply one step to a batch ``x`` ``[n, *step.src.shape]``; ``params`` is ``[n, num_params]``."""
     src, dst = step.src, step.dst
     x4 = _as_nchw(x, src)
     n = x.shape[0]
     if step.kind == GATHER:
-        _, oh, ow = dst.chw
-        _, h, w = src.chw
-        a, b, c, d, e, f = (params[:, step.param_offset + j, None, None] for j in range(6))
-        y, xx = np.meshgrid(np.arange(oh, dtype=np.int64), np.arange(ow, dtype=np.int64), indexing="ij")
-        iy, ix = a * y + b * xx + c, d * y + e * xx + f
-        inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
-        picked = x4[np.arange(n)[:, None, None], :, np.clip(iy, 0, h - 1), np.clip(ix, 0, w - 1)]  # n, oh, ow, c
         pad = np.frombuffer(step.pad, dtype=storage_dtype(src.dtype))[0]
-        out = np.where(inside[..., None], picked, pad).astype(x.dtype).transpose(0, 3, 1, 2)
+        out = np.empty((n, dst.chw[0], dst.chw[1], dst.chw[2]), dtype=x.dtype)
+        for i in range(n):
+            out[i] = _gather_one(x4[i], dst.chw[1:], params[i, step.param_offset:step.param_offset + 6], pad)
     elif step.kind == SELECT:
         out = x4[:, step.channels]
     elif step.kind == CONVERT:
