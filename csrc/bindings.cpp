@@ -50,9 +50,10 @@ std::vector<FieldSpec> to_specs(const std::vector<FieldTuple>& fields) {
 
 // One compiled transform step, as fastload.transforms.Step.native() builds it:
 // (kind, field, in dtype, in (c, h, w), hwc, out dtype, out (c, h, w), param
-// offset, pad bytes, channels, convert mode, scale, mean, std).
+// offset, pad or fill bytes, channels, convert mode, scale, mean, std, rectangles).
 using StepTuple = std::tuple<int, size_t, int, std::vector<int64_t>, bool, int, std::vector<int64_t>, size_t,
-                             py::bytes, std::vector<int64_t>, int, double, std::vector<double>, std::vector<double>>;
+                             py::bytes, std::vector<int64_t>, int, double, std::vector<double>, std::vector<double>,
+                             size_t>;
 
 transforms::Dims to_dims(const std::vector<int64_t>& chw, bool hwc) {
   if (chw.size() != 3) throw py::value_error("a transform step's sizes are (channels, height, width)");
@@ -68,9 +69,9 @@ std::shared_ptr<const TransformPipeline> to_pipeline(const std::vector<StepTuple
                                                      const std::vector<FieldSpec>& specs, size_t num_params) {
   if (tuples.empty() && num_params == 0) return nullptr;
   std::vector<TransformStep> steps;
-  for (const auto& [kind, field, in_dtype, in, hwc, out_dtype, out, offset, pad, channels, mode, scale, mean, std] :
-       tuples) {
-    if (kind < 0 || kind > TransformStep::kConvert) throw py::value_error("unknown step kind " + std::to_string(kind));
+  for (const auto& [kind, field, in_dtype, in, hwc, out_dtype, out, offset, pad, channels, mode, scale, mean, std,
+                    rects] : tuples) {
+    if (kind < 0 || kind > TransformStep::kFill) throw py::value_error("unknown step kind " + std::to_string(kind));
     if (mode < 0 || mode > 1) throw py::value_error("unknown convert mode " + std::to_string(mode));
     TransformStep s;
     s.kind = static_cast<uint8_t>(kind);
@@ -80,6 +81,7 @@ std::shared_ptr<const TransformPipeline> to_pipeline(const std::vector<StepTuple
     s.out_dtype = to_dtype(out_dtype);
     s.out = to_dims(out, hwc);
     s.param_offset = offset;
+    s.rects = rects;
     s.pad = std::string(pad);
     s.channels = channels;
     s.mode = static_cast<transforms::ConvertMode>(mode);

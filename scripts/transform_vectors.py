@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastload.transforms import RandomCrop, RandomDihedral, RandomFlip, RandomRot90
+from fastload.transforms import AxisMasks, RandomCrop, RandomDihedral, RandomErasing, RandomFlip, RandomRot90
 from fastload.transforms._program import Program
 from fastload.transforms._reference import float32_to
 from fastload.transforms._rng import TRANSFORMS_VERSION, draw, op_keys
@@ -29,11 +29,16 @@ def main() -> None:
     ops = [RandomCrop((6, 6), padding=2), RandomFlip(horizontal=True, vertical=True), RandomRot90(), RandomDihedral()]
     program = Program(ops, [("image", "uint8", (3, 9, 9))])
     params = program.params(42, 3, np.arange(16, dtype=np.uint64))
+    fill_ops = [RandomErasing(p=0.8), AxisMasks("width", 4, count=2), AxisMasks("height", 3)]
+    fill = Program(fill_ops, [("image", "uint8", (2, 12, 16))])
+    fill_params = fill.params(7, 1, np.arange(16, dtype=np.uint64))
     values = np.array([0.0, -0.0, 1.0, 1.0009765625, 65504.0, 65519.0, 65520.0, 1e-5, 6e-8, 2.9e-8, -3.0e-8,
                        1 / 3, 3.14159265, -1e38, float("inf")], np.float32)
     data = {"transforms_version": TRANSFORMS_VERSION, "keys": keys,
             "chain": {"ops": [repr(op) for op in ops], "seed": 42, "epoch": 3, "indices": list(range(16)),
                       "params": params.tolist()},
+            "fill_chain": {"ops": [repr(op) for op in fill_ops], "seed": 7, "epoch": 1, "indices": list(range(16)),
+                           "params": fill_params.tolist()},
             "float16": {"in": values.tolist(), "bits": float32_to(values, "float16").view(np.uint16).tolist()},
             "bfloat16": {"in": values.tolist(), "bits": float32_to(values, "bfloat16").tolist()}}
     OUT.write_text(json.dumps(data, indent=1) + "\n")

@@ -11,12 +11,14 @@ import torch
 
 import fastload
 from fastload.transforms import (
+    AxisMasks,
     CenterCrop,
     Normalize,
     Pad,
     Program,
     RandomCrop,
     RandomDihedral,
+    RandomErasing,
     RandomFlip,
     RandomRot90,
     SelectChannels,
@@ -65,6 +67,15 @@ def test_op_parameters_reproduce_committed_vectors():
     ops = [RandomCrop((6, 6), padding=2), RandomFlip(horizontal=True, vertical=True), RandomRot90(), RandomDihedral()]
     assert [repr(op) for op in ops] == chain["ops"]
     program = Program(ops, [("image", "uint8", (3, 9, 9))])
+    params = program.params(chain["seed"], chain["epoch"], np.array(chain["indices"], np.uint64))
+    assert params.tolist() == chain["params"]
+
+
+def test_fill_parameters_reproduce_committed_vectors():
+    chain = VECTORS["fill_chain"]
+    ops = [RandomErasing(p=0.8), AxisMasks("width", 4, count=2), AxisMasks("height", 3)]
+    assert [repr(op) for op in ops] == chain["ops"]
+    program = Program(ops, [("image", "uint8", (2, 12, 16))])
     params = program.params(chain["seed"], chain["epoch"], np.array(chain["indices"], np.uint64))
     assert params.tolist() == chain["params"]
 
@@ -176,6 +187,36 @@ def test_joint_ops_keep_a_mask_aligned_with_its_image():
         assert np.array_equal(out["mask"], (out["image"][0] > 127).astype(np.uint8))
 
 
+def test_random_erasing_fills_one_drawn_rectangle():
+    img = np.full((2, 12, 16), 5, np.uint8)
+    op = RandomErasing(p=0.75, scale=(0.05, 0.2), value=9)
+    erased = 0
+    for index in range(40):
+        out = run([op], {"image": img}, index=index)["image"]
+        top, bottom, left, right = op.rects(keys_for(index, 0), 12, 16)[0]
+        expected = img.copy()
+        expected[:, top:bottom, left:right] = 9
+        assert np.array_equal(out, expected)
+        if bottom > top:
+            erased += 1
+            area = (bottom - top) * (right - left) / (12 * 16)
+            assert 0.02 < area < 0.3 and bottom <= 12 and right <= 16
+    assert 20 < erased < 40
+    assert np.array_equal(run([RandomErasing(p=0.0)], {"image": img})["image"], img)
+
+
+def test_axis_masks_fill_whole_bands():
+    img = np.full((12, 16), 5, np.uint8)
+    for index in range(20):
+        out = run([AxisMasks("width", 4, count=2, value=0)], {"image": img}, index=index)["image"]
+        masked = np.all(out == 0, axis=0)
+        assert np.array_equal(np.any(out == 0, axis=0), masked)  # whole columns only
+        assert masked.sum() <= 8
+        rows = run([AxisMasks("height", 3, value=0)], {"image": img}, index=index)["image"]
+        masked_rows = np.all(rows == 0, axis=1)
+        assert np.array_equal(np.any(rows == 0, axis=1), masked_rows) and masked_rows.sum() <= 3
+
+
 # ---- validation ---------------------------------------------------------------------------------
 
 FIELDS = [("image", "uint8", (3, 8, 8)), ("mask", "uint8", (8, 8)), ("label", "int64", ())]
@@ -195,6 +236,8 @@ FIELDS = [("image", "uint8", (3, 8, 8)), ("mask", "uint8", (8, 8)), ("label", "i
     ([RandomCrop((4, 6)), RandomDihedral()], r"RandomDihedral.*field 'image'.*not square"),
     ([Pad(1, pad_value=-1)], r"Pad.*field 'image'.*pad value -1.0 does not fit dtype uint8"),
     (["flip"], r"transforms\[0\] is 'flip'"),
+    ([AxisMasks("width", 9)], r"AxisMasks.*field 'image'.*max_width 9 exceeds the width 8"),
+    ([RandomErasing(fields="label")], r"RandomErasing.*field 'label'.*not an image"),
 ])
 def test_ops_that_cannot_apply_name_the_op_and_the_field(ops, match):
     with pytest.raises(TransformError, match=match):
@@ -246,7 +289,9 @@ def dtype_dataset(request, tmp_path_factory):
 def chains(dtype: str) -> list[list]:
     spatial = [Pad((1, 2, 0, 3), pad_value=1), RandomCrop(7, padding=2, pad_value={"image": 1, "mask": 3}),
                RandomFlip(horizontal=True, vertical=True), RandomRot90(), RandomDihedral(), CenterCrop(5)]
-    out = [spatial, [SelectChannels([2, 0, 2]), RandomDihedral()]]
+    fills = [RandomErasing(p=0.7, value=1), AxisMasks("width", 3, count=2, value=1),
+             AxisMasks("height", 2, value=1, fields=["image", "mask"]), RandomCrop(6)]
+    out = [spatial, [SelectChannels([2, 0, 2]), RandomDihedral()], fills]
     if dtype != "bool":
         for target in ("float32", "float16", "bfloat16"):
             out.append([ToDtype(target, scale=1 / 255), RandomCrop(6)])

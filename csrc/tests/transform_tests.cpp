@@ -130,6 +130,22 @@ void test_convert() {
   for (int i = 0; i < 6; ++i) CHECK(halves[i] == float_to_half(static_cast<float>(src[i]) * 0.5f));
 }
 
+void test_fill_rects() {
+  for (bool hwc : {false, true}) {
+    const Dims d{2, 4, 5, hwc};
+    std::vector<uint16_t> data(static_cast<size_t>(d.elements()), 1);
+    const int64_t rects[] = {1, 3, -2, 2, 3, 99, 4, 5};  // clamped: rows 1-2 x cols 0-1, rows 3 x col 4
+    const uint16_t value = 7;
+    fill_rects(reinterpret_cast<uint8_t*>(data.data()), d, 2, rects, 2, reinterpret_cast<const uint8_t*>(&value));
+    for (int64_t c = 0; c < 2; ++c)
+      for (int64_t y = 0; y < 4; ++y)
+        for (int64_t x = 0; x < 5; ++x) {
+          const bool inside = (y >= 1 && y < 3 && x < 2) || (y == 3 && x == 4);
+          CHECK(data[static_cast<size_t>(at(d, c, y, x))] == (inside ? 7 : 1));
+        }
+  }
+}
+
 TransformStep crop_step(int64_t size) {
   TransformStep s;
   s.kind = TransformStep::kGather;
@@ -184,6 +200,7 @@ int main() {
   test_select_channels();
   test_rounding();
   test_convert();
+  test_fill_rects();
   test_pipeline_validation_and_run();
   if (failures) {
     std::printf("%d failure(s)\n", failures);

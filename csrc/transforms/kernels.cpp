@@ -219,6 +219,21 @@ void convert(const uint8_t* src, DType in, const Dims& dims, uint8_t* dst, DType
   }
 }
 
+void fill_rects(uint8_t* data, const Dims& d, size_t item, const int64_t* rects, size_t count,
+                const uint8_t* value) noexcept {
+  auto clamp = [](int64_t v, int64_t hi) { return v < 0 ? int64_t{0} : (v > hi ? hi : v); };
+  for (size_t r = 0; r < count; ++r) {
+    const int64_t top = clamp(rects[4 * r], d.h), bottom = clamp(rects[4 * r + 1], d.h);
+    const int64_t left = clamp(rects[4 * r + 2], d.w), right = clamp(rects[4 * r + 3], d.w);
+    for (int64_t c = 0; c < d.c; ++c)
+      for (int64_t y = top; y < bottom; ++y)
+        for (int64_t x = left; x < right; ++x) {
+          const int64_t i = d.hwc ? (y * d.w + x) * d.c + c : (c * d.h + y) * d.w + x;
+          std::memcpy(data + static_cast<size_t>(i) * item, value, item);
+        }
+  }
+}
+
 uint16_t float_to_bfloat16(float value) noexcept {
   const uint32_t b = float_bits(value);
   if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>(((b >> 16) & 0x8000u) | 0x7FC0u);

@@ -41,6 +41,11 @@ void gather(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, s
 void select_channels(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, size_t item,
                      const int64_t* channels) noexcept;
 
+// Sets `count` rectangles (top, bottom, left, right: four int64 each in
+// `rects`, clamped to the sample) to the item `value` in every channel, in place.
+void fill_rects(uint8_t* data, const Dims& d, size_t item, const int64_t* rects, size_t count,
+                const uint8_t* value) noexcept;
+
 enum class ConvertMode : uint8_t { kScale = 0, kNormalize = 1 };
 
 // y = float32(x) * scale (kScale) or (float32(x) - mean[c]) / std[c]

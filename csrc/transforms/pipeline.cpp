@@ -1,5 +1,6 @@
 #include "transforms/pipeline.h"
 
+#include <cstring>
 #include <string>
 
 #include "checked_math.h"
@@ -50,6 +51,13 @@ void check_step(TransformStep& s, size_t num_params, const std::string& what) {
       for (int64_t c : s.channels) {
         if (c < 0 || c >= s.in.c) throw FastloadError(what + ": channel " + std::to_string(c) + " out of range");
       }
+      break;
+    case TransformStep::kFill:
+      if (!same_size || s.in_dtype != s.out_dtype) throw FastloadError(what + ": fill keeps dtype and shape");
+      if (s.rects > num_params / 4 || s.param_offset > num_params - 4 * s.rects) {
+        throw FastloadError(what + ": parameters beyond the " + std::to_string(num_params) + " per sample");
+      }
+      if (s.pad.size() != transforms::itemsize(s.in_dtype)) throw FastloadError(what + ": value is not one item");
       break;
     case TransformStep::kConvert:
       if (!same_size) throw FastloadError(what + ": convert keeps the shape");
@@ -108,6 +116,11 @@ void TransformPipeline::run(size_t field, const uint8_t* src, uint8_t* dst, cons
       case TransformStep::kGather:
         transforms::gather(in, s.in, out, s.out, transforms::itemsize(s.in_dtype), params + s.param_offset,
                            reinterpret_cast<const uint8_t*>(s.pad.data()));
+        break;
+      case TransformStep::kFill:
+        std::memcpy(out, in, static_cast<size_t>(s.in.elements()) * transforms::itemsize(s.in_dtype));
+        transforms::fill_rects(out, s.out, transforms::itemsize(s.in_dtype), params + s.param_offset, s.rects,
+                               reinterpret_cast<const uint8_t*>(s.pad.data()));
         break;
       case TransformStep::kSelect:
         transforms::select_channels(in, s.in, out, s.out, transforms::itemsize(s.in_dtype), s.channels.data());

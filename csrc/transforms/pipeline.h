@@ -22,15 +22,16 @@
 namespace fastload {
 
 struct TransformStep {
-  enum Kind : uint8_t { kGather = 0, kSelect = 1, kConvert = 2 };
+  enum Kind : uint8_t { kGather = 0, kSelect = 1, kConvert = 2, kFill = 3 };
   uint8_t kind = kGather;
   size_t field = 0;
   transforms::DType in_dtype = transforms::DType::kU8;
   transforms::Dims in;
   transforms::DType out_dtype = transforms::DType::kU8;
   transforms::Dims out;
-  size_t param_offset = 0;        // gather: six int64 at this offset of the sample's parameters
-  std::string pad;                // gather: one item of in_dtype
+  size_t param_offset = 0;        // gather: six int64 at this offset of the sample's parameters; fill: 4 per rect
+  std::string pad;                // gather: one item of in_dtype; fill: the value
+  size_t rects = 0;               // fill: rectangles per sample
   std::vector<int64_t> channels;  // select
   transforms::ConvertMode mode = transforms::ConvertMode::kScale;  // convert
   float scale = 1.0f;

@@ -10,9 +10,9 @@ RECORD_VERSION: int
 
 FieldTuple = tuple[int, int, int]  # codec id, item size, decoded bytes
 # A compiled transform step (fastload.transforms.Step.native): kind, field, in dtype code, in (c, h, w), hwc,
-# out dtype code, out (c, h, w), parameter offset, pad bytes, channels, convert mode, scale, mean, std.
+# out dtype code, out (c, h, w), parameter offset, pad/fill bytes, channels, convert mode, scale, mean, std, rects.
 StepTuple = tuple[int, int, int, list[int], bool, int, list[int], int, bytes, list[int], int, float, list[float],
-                  list[float]]
+                  list[float], int]
 
 def checksum(data: ArrayLike | bytes) -> int:
     """Return XXH3-64 (seed 0) of a buffer's bytes: the record checksum."""

@@ -9,11 +9,13 @@ semantics of every op.
 """
 
 from ._ops import (
+    AxisMasks,
     CenterCrop,
     Normalize,
     Pad,
     RandomCrop,
     RandomDihedral,
+    RandomErasing,
     RandomFlip,
     RandomRot90,
     SelectChannels,
@@ -24,12 +26,14 @@ from ._ops import (
 from ._program import Program
 
 __all__ = [
+    "AxisMasks",
     "CenterCrop",
     "Normalize",
     "Pad",
     "Program",
     "RandomCrop",
     "RandomDihedral",
+    "RandomErasing",
     "RandomFlip",
     "RandomRot90",
     "SelectChannels",

@@ -296,3 +296,103 @@ class Normalize(ValueTransform):
         if any(s == 0 or not np.isfinite(s) for s in self.std):
             raise TransformError(f"Normalize: std must be finite and non-zero, not {std!r}")
         self.dtype = _float_dtype("Normalize", dtype)
+
+
+def uniform(u: np.ndarray) -> np.ndarray:
+    """Return ``(u >> 11) * 2^-53``: a float64 in [0, 1) for each draw."""
+    return (u >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+class FillTransform(ValueTransform):
+    """A value op that fills rectangles drawn per sample (the same ones in every field it names)."""
+
+    count = 1  # rectangles per sample
+
+    def __init__(self, value: float, fields: str | Sequence[str] | None) -> None:
+        super().__init__(fields)
+        self.value = float(value)
+
+    def check(self, h: int, w: int, field: str) -> None:
+        """Raise TransformError if the op cannot apply to an h x w field."""
+
+    def rects(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return ``[n, 4 * count]`` rectangles (top, bottom, left, right), empty ones as zeros."""
+        raise NotImplementedError
+
+
+class RandomErasing(FillTransform):
+    """With probability ``p``, fill one rectangle with ``value`` (torchvision's RandomErasing algorithm).
+
+    Draw 0 decides; then up to 10 attempts t, each with draws 1 + 4t .. 4 + 4t: area
+    ``H * W * uniform(scale)``, aspect ``exp(uniform(log ratio))``, height ``round(sqrt(area * aspect))``,
+    width ``round(sqrt(area / aspect))``; the first attempt smaller than the sample in both directions
+    is placed at top ``randint(H - h + 1)``, left ``randint(W - w + 1)``. No attempt fits: nothing is erased.
+    """
+
+    def __init__(self, p: float = 0.5, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3),
+                 value: float = 0, fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(value, fields)
+        if not 0.0 <= p <= 1.0:
+            raise TransformError(f"RandomErasing: p must be in [0, 1], not {p!r}")
+        if not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
+            raise TransformError(f"RandomErasing: scale must be (min, max) within (0, 1], not {scale!r}")
+        if not (len(ratio) == 2 and 0 < ratio[0] <= ratio[1]):
+            raise TransformError(f"RandomErasing: ratio must be (min, max) with 0 < min <= max, not {ratio!r}")
+        self.p, self.scale, self.ratio = float(p), tuple(map(float, scale)), tuple(map(float, ratio))
+
+    def rects(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return the erased rectangle of each sample."""
+        n = len(keys)
+        out = np.zeros((n, 4), dtype=np.int64)
+        todo = bernoulli(draw(keys, 0), self.p)
+        lo, hi = np.log(self.ratio[0]), np.log(self.ratio[1])
+        for t in range(10):
+            area = h * w * (self.scale[0] + (self.scale[1] - self.scale[0]) * uniform(draw(keys, 1 + 4 * t)))
+            aspect = np.exp(lo + (hi - lo) * uniform(draw(keys, 2 + 4 * t)))
+            eh = np.round(np.sqrt(area * aspect)).astype(np.int64)
+            ew = np.round(np.sqrt(area / aspect)).astype(np.int64)
+            fits = todo & (eh < h) & (ew < w) & (eh > 0) & (ew > 0)
+            top = (((draw(keys, 3 + 4 * t) >> np.uint64(32)) * np.clip(h - eh + 1, 1, None).astype(np.uint64))
+                   >> np.uint64(32)).astype(np.int64)
+            left = (((draw(keys, 4 + 4 * t) >> np.uint64(32)) * np.clip(w - ew + 1, 1, None).astype(np.uint64))
+                    >> np.uint64(32)).astype(np.int64)
+            out[fits] = np.stack([top, top + eh, left, left + ew], axis=1)[fits]
+            todo &= ~fits
+        return out
+
+
+class AxisMasks(FillTransform):
+    """SpecAugment masks: ``count`` bands across the whole sample along ``axis`` ("height" or "width").
+
+    Band j: width ``randint(draw 2j, max_width + 1)``, start ``randint(draw 2j + 1, size - width + 1)``;
+    filled with ``value`` in every channel. For a (frequency, time) spectrogram, ``axis="width"`` masks
+    time steps and ``axis="height"`` frequency bins.
+    """
+
+    def __init__(self, axis: str, max_width: int, count: int = 1, value: float = 0,
+                 fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(value, fields)
+        if axis not in ("height", "width"):
+            raise TransformError(f"AxisMasks: axis must be 'height' or 'width', not {axis!r}")
+        if max_width < 0 or count < 1:
+            raise TransformError(f"AxisMasks: max_width must be >= 0 and count >= 1, not {max_width}, {count}")
+        self.axis, self.max_width, self.count = axis, int(max_width), int(count)
+
+    def check(self, h: int, w: int, field: str) -> None:
+        """Fail when a band could be wider than the sample."""
+        size = h if self.axis == "height" else w
+        if self.max_width > size:
+            raise self.fail(field, f"max_width {self.max_width} exceeds the {self.axis} {size}")
+
+    def rects(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return the bands of each sample."""
+        n, size = len(keys), (h if self.axis == "height" else w)
+        out = np.zeros((n, 4 * self.count), dtype=np.int64)
+        for j in range(self.count):
+            width = randint(draw(keys, 2 * j), self.max_width + 1)
+            start = (((draw(keys, 2 * j + 1) >> np.uint64(32)) * (size - width + 1).astype(np.uint64))
+                     >> np.uint64(32)).astype(np.int64)
+            band = (start, start + width, np.zeros(n, np.int64), np.full(n, w if self.axis == "height" else h))
+            rect = band if self.axis == "height" else (band[2], band[3], band[0], band[1])
+            out[:, 4 * j:4 * j + 4] = np.stack(rect, axis=1)
+        return out

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ._ops import (
+    FillTransform,
     Normalize,
     SelectChannels,
     SpatialTransform,
@@ -17,13 +18,13 @@ from ._ops import (
 )
 from ._reference import float32_to
 from ._rng import op_keys
-from ._spec import CONVERT, GATHER, LAYOUTS, NORMALIZE, SCALE, SELECT, FieldState, Step, storage_dtype
+from ._spec import CONVERT, FILL, GATHER, LAYOUTS, NORMALIZE, SCALE, SELECT, FieldState, Step, storage_dtype
 
 NUMERIC = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64", "bfloat16")
 
 
-def _pad_bytes(op: SpatialTransform, state: FieldState) -> bytes:
-    value = op.pad_value(state.name)
+def _pad_bytes(op: SpatialTransform | FillTransform, state: FieldState) -> bytes:
+    value = op.pad_value(state.name) if isinstance(op, SpatialTransform) else op.value
     if state.dtype == "bfloat16":
         return float32_to(np.array([value], np.float32), "bfloat16").tobytes()
     dt = storage_dtype(state.dtype)
@@ -53,7 +54,8 @@ class Program:
             state[name] = FieldState(name, dtype, tuple(shape), "hw" if len(shape) == 2 else lay)
         self.inputs = dict(state)
         self.steps: list[Step] = []
-        self.spatial: list[tuple[int, SpatialTransform, int, int, int]] = []  # position, op, offset, h, w
+        # Ops with per-sample parameters: position, op, column offset, input height and width.
+        self.spatial: list[tuple[int, SpatialTransform | FillTransform, int, int, int]] = []
         self.num_params = 0
         for position, op in enumerate(self.ops):
             if not isinstance(op, Transform):
@@ -63,7 +65,9 @@ class Program:
         self.outputs = state
 
     def _compile(self, op: Transform, position: int, src: FieldState) -> FieldState:
-        c, h, w = src.chw
+        if not src.spatial and not isinstance(op, SpatialTransform):
+            raise op.fail(src.name, f"shape {src.shape} is not an image (2-D, or 3-D chw/hwc)")
+        c, h, w = src.chw if src.spatial else (0, 0, 0)
         if isinstance(op, SpatialTransform):
             oh, ow = op.out_size(h, w, src.name)
             if not self.spatial or self.spatial[-1][0] != position:
@@ -73,6 +77,17 @@ class Program:
             self.steps.append(Step(GATHER, src.name, src, dst, op.name, param_offset=self.spatial[-1][2],
                                    pad=_pad_bytes(op, src)))
             return dst
+        if isinstance(op, FillTransform):
+            op.check(h, w, src.name)
+            if not self.spatial or self.spatial[-1][0] != position:
+                self.spatial.append((position, op, self.num_params, h, w))
+                self.num_params += 4 * op.count
+            elif self.spatial[-1][3:] != (h, w):
+                raise op.fail(src.name, f"height x width {(h, w)} differs from the op's other fields; "
+                                        "it draws one set of rectangles for all its fields")
+            self.steps.append(Step(FILL, src.name, src, src, op.name, param_offset=self.spatial[-1][2],
+                                   pad=_pad_bytes(op, src), rects=op.count))
+            return src
         if isinstance(op, SelectChannels):
             if len(src.shape) != 3:
                 raise op.fail(src.name, f"shape {src.shape} has no channel axis")
@@ -105,7 +120,11 @@ class Program:
         indices = np.asarray(indices, dtype=np.uint64)
         out = np.zeros((len(indices), self.num_params), dtype=np.int64)
         for position, op, offset, h, w in self.spatial:
-            out[:, offset:offset + 6] = op.maps(op_keys(seed, epoch, indices, position), h, w)
+            keys = op_keys(seed, epoch, indices, position)
+            if isinstance(op, SpatialTransform):
+                out[:, offset:offset + 6] = op.maps(keys, h, w)
+            else:
+                out[:, offset:offset + 4 * op.count] = op.rects(keys, h, w)
         return out
 
     def steps_for(self, name: str) -> list[Step]:

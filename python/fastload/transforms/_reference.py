@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._spec import CONVERT, GATHER, NORMALIZE, SELECT, FieldState, Step, storage_dtype
+from ._spec import CONVERT, FILL, GATHER, NORMALIZE, SELECT, FieldState, Step, storage_dtype
 
 if TYPE_CHECKING:
     from ._program import Program
@@ -104,6 +104,14 @@ def run_step(step: Step, x: np.ndarray, params: np.ndarray) -> np.ndarray:
         out = np.empty((n, dst.chw[0], dst.chw[1], dst.chw[2]), dtype=x.dtype)
         for i in range(n):
             out[i] = _gather_one(x4[i], dst.chw[1:], params[i, step.param_offset:step.param_offset + 6], pad)
+    elif step.kind == FILL:
+        value = np.frombuffer(step.pad, dtype=storage_dtype(src.dtype))[0]
+        out = x4.copy()
+        _, _, h, w = out.shape
+        for i in range(n):
+            for r in range(step.rects):
+                top, bottom, left, right = (int(v) for v in params[i, step.param_offset + 4 * r:][:4])
+                out[i, :, max(top, 0):min(bottom, h), max(left, 0):min(right, w)] = value
     elif step.kind == SELECT:
         out = x4[:, step.channels]
     elif step.kind == CONVERT:

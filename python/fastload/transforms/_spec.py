@@ -72,7 +72,7 @@ class FieldState:
         return int(np.prod(self.shape, dtype=np.int64)) * ITEMSIZE[self.dtype]
 
 
-GATHER, SELECT, CONVERT = 0, 1, 2
+GATHER, SELECT, CONVERT, FILL = 0, 1, 2, 3
 SCALE, NORMALIZE = 0, 1
 
 
@@ -84,7 +84,9 @@ class Step:
     per sample at ``param_offset`` of the sample's parameters), ``pad`` where
     that falls outside. select: ``out[c] = in[channels[c]]``. convert:
     ``float32(x) * scale`` (mode SCALE) or ``(float32(x) - mean[c]) / std[c]``
-    (mode NORMALIZE), rounded to nearest even into the output dtype.
+    (mode NORMALIZE), rounded to nearest even into the output dtype. fill: ``rects``
+    rectangles (top, bottom, left, right; four int64 each at ``param_offset``) set to ``pad``
+    in every channel.
     """
 
     kind: int
@@ -99,9 +101,10 @@ class Step:
     scale: float = 1.0
     mean: list[float] = dc_field(default_factory=list)
     std: list[float] = dc_field(default_factory=list)
+    rects: int = 0
 
     def native(self, field_index: int) -> tuple:
         """Return the tuple ``fastload._native.BatchReader`` takes for this step."""
         return (self.kind, field_index, DTYPE_CODES[self.src.dtype], list(self.src.chw), self.src.layout == "hwc",
                 DTYPE_CODES[self.dst.dtype], list(self.dst.chw), self.param_offset, self.pad, list(self.channels),
-                self.mode, float(self.scale), list(self.mean), list(self.std))
+                self.mode, float(self.scale), list(self.mean), list(self.std), self.rects)
