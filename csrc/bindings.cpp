@@ -71,7 +71,7 @@ std::shared_ptr<const TransformPipeline> to_pipeline(const std::vector<StepTuple
   std::vector<TransformStep> steps;
   for (const auto& [kind, field, in_dtype, in, hwc, out_dtype, out, offset, pad, channels, mode, scale, mean, std,
                     rects] : tuples) {
-    if (kind < 0 || kind > TransformStep::kFill) throw py::value_error("unknown step kind " + std::to_string(kind));
+    if (kind < 0 || kind > TransformStep::kResize) throw py::value_error("unknown step kind " + std::to_string(kind));
     if (mode < 0 || mode > 1) throw py::value_error("unknown convert mode " + std::to_string(mode));
     TransformStep s;
     s.kind = static_cast<uint8_t>(kind);

@@ -20,7 +20,9 @@ from fastload.transforms import (
     RandomDihedral,
     RandomErasing,
     RandomFlip,
+    RandomResizedCrop,
     RandomRot90,
+    Resize,
     SelectChannels,
     ToDtype,
     TransformError,
@@ -217,6 +219,45 @@ def test_axis_masks_fill_whole_bands():
         assert np.array_equal(np.any(rows == 0, axis=1), masked_rows) and masked_rows.sum() <= 3
 
 
+def test_resize_identity_nearest_and_bilinear_against_torch():
+    img = np.random.default_rng(5).integers(0, 256, (3, 8, 12)).astype(np.uint8)
+    assert np.array_equal(run([Resize((8, 12))], {"image": img})["image"], img)
+    assert np.array_equal(run([Resize((4, 6), interpolation="nearest")], {"image": img})["image"], img[:, 1::2, 1::2])
+    halves = run([Resize((4, 6))], {"image": img})["image"]  # a 2x2 mean, rounded half to even
+    block = img.reshape(3, 4, 2, 6, 2).astype(np.float32).mean(axis=(2, 4))
+    assert np.array_equal(halves, np.rint(block).astype(np.uint8))
+    x = np.random.default_rng(6).standard_normal((3, 9, 7)).astype(np.float32)
+    for size in [(5, 4), (13, 20), (9, 3)]:
+        ours = run([Resize(size)], {"image": x})["image"]
+        theirs = torch.nn.functional.interpolate(torch.from_numpy(x)[None], size=size, mode="bilinear",
+                                                 align_corners=False, antialias=False)[0].numpy()
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
+
+
+def test_random_resized_crop_is_a_resized_box():
+    img = np.random.default_rng(7).integers(0, 256, (3, 20, 16)).astype(np.uint8)
+    op = RandomResizedCrop((6, 8), scale=(0.1, 0.9))
+    sizes = set()
+    for index in range(30):
+        top, left, bh, bw = op.boxes(keys_for(index, 0), 20, 16)[0]
+        assert 0 <= top and top + bh <= 20 and 0 <= left and left + bw <= 16
+        sizes.add((bh, bw))
+        crop = np.ascontiguousarray(img[:, top:top + bh, left:left + bw])
+        expected = run([Resize((6, 8))], {"image": crop})["image"]
+        assert np.array_equal(run([op], {"image": img}, index=index)["image"], expected)
+    assert len(sizes) > 20
+
+
+def test_resize_keeps_masks_nearest_and_aligned():
+    img = np.random.default_rng(8).integers(0, 256, (3, 12, 12)).astype(np.uint8)
+    mask = (img[0] > 127).astype(np.uint8)
+    for index in range(10):
+        out = run([RandomResizedCrop(7, interpolation="nearest")], {"image": img, "mask": mask}, index=index)
+        assert np.array_equal(out["mask"], (out["image"][0] > 127).astype(np.uint8))
+    out = run([Resize(5)], {"image": img, "mask": mask})  # default: images bilinear, masks nearest
+    assert set(np.unique(out["mask"])) <= {0, 1}
+
+
 # ---- validation ---------------------------------------------------------------------------------
 
 FIELDS = [("image", "uint8", (3, 8, 8)), ("mask", "uint8", (8, 8)), ("label", "int64", ())]
@@ -253,6 +294,10 @@ def test_bad_arguments_and_dtypes():
         RandomFlip(p=1.5)
     with pytest.raises(TransformError, match="ToDtype.*field 'image'.*dtype bool is not numeric"):
         Program([ToDtype()], [("image", "bool", (1, 4, 4))])
+    with pytest.raises(TransformError, match="Resize.*field 'image'.*bilinear interpolation does not take dtype int32"):
+        Program([Resize(4)], [("image", "int32", (1, 8, 8))])
+    with pytest.raises(TransformError, match="interpolation must be 'bilinear' or 'nearest'"):
+        Resize(4, interpolation="cubic")
     with pytest.raises(TransformError, match="layout of field 'image' must be"):
         Program([RandomFlip()], [("image", "uint8", (1, 4, 4))], layout="nchw")
 
@@ -289,9 +334,14 @@ def dtype_dataset(request, tmp_path_factory):
 def chains(dtype: str) -> list[list]:
     spatial = [Pad((1, 2, 0, 3), pad_value=1), RandomCrop(7, padding=2, pad_value={"image": 1, "mask": 3}),
                RandomFlip(horizontal=True, vertical=True), RandomRot90(), RandomDihedral(), CenterCrop(5)]
+    bilinear_ok = dtype in ("uint8", "int8", "uint16", "int16", "float16", "float32")
+    image_mode = "bilinear" if bilinear_ok else "nearest"
+    out_resize = [[Resize((5, 11), interpolation={"image": image_mode}), RandomFlip()],
+                  [RandomResizedCrop(6, scale=(0.2, 1.0), interpolation={"image": image_mode, "mask": "nearest"})],
+                  [Resize(16, interpolation="nearest")]]
     fills = [RandomErasing(p=0.7, value=1), AxisMasks("width", 3, count=2, value=1),
              AxisMasks("height", 2, value=1, fields=["image", "mask"]), RandomCrop(6)]
-    out = [spatial, [SelectChannels([2, 0, 2]), RandomDihedral()], fills]
+    out = [spatial, [SelectChannels([2, 0, 2]), RandomDihedral()], fills, *out_resize]
     if dtype != "bool":
         for target in ("float32", "float16", "bfloat16"):
             out.append([ToDtype(target, scale=1 / 255), RandomCrop(6)])

@@ -1,6 +1,10 @@
 #include "transforms/kernels.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 #include <type_traits>
 
 namespace fastload::transforms {
@@ -74,8 +78,13 @@ void gather_rows(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& o
 }
 
 // Element loaders (to float32) and storers (from float32, rounding to nearest even).
+// NaN is stored as the canonical positive quiet NaN: which NaN an operation
+// on two NaNs returns depends on operand order, which numpy does not fix.
 struct ToF32 {
-  static void store(uint8_t* o, float y) noexcept { std::memcpy(o, &y, 4); }
+  static void store(uint8_t* o, float y) noexcept {
+    const uint32_t b = y != y ? 0x7FC00000u : float_bits(y);
+    std::memcpy(o, &b, 4);
+  }
 };
 struct ToF16 {
   static void store(uint8_t* o, float y) noexcept {
@@ -157,7 +166,115 @@ void convert_to(const uint8_t* src, const Dims& d, uint8_t* dst, DType out, Conv
   }
 }
 
+template <typename T>
+struct ToInt {
+  static void store(uint8_t* o, float y) noexcept {
+    const float lo = static_cast<float>(std::numeric_limits<T>::min());
+    const float hi = static_cast<float>(std::numeric_limits<T>::max());
+    const T v = static_cast<T>(std::nearbyint(std::min(std::max(y, lo), hi)));
+    std::memcpy(o, &v, sizeof(T));
+  }
+};
+
+struct Axis {  // one output coordinate's two source indices and the weight of the second
+  int64_t i0, i1;
+  float w;
+};
+
+std::vector<Axis> bilinear_axis(int64_t out, int64_t start, int64_t len) {
+  std::vector<Axis> axis(static_cast<size_t>(out));
+  const float scale = static_cast<float>(len) / static_cast<float>(out);
+  for (int64_t i = 0; i < out; ++i) {
+    float f = (static_cast<float>(i) + 0.5f) * scale - 0.5f;
+    f = std::max(f, 0.0f);
+    int64_t i0 = static_cast<int64_t>(std::floor(f));
+    i0 = std::min(i0, len - 1);
+    const int64_t i1 = std::min(i0 + 1, len - 1);
+    axis[static_cast<size_t>(i)] = Axis{start + i0, start + i1, f - static_cast<float>(i0)};
+  }
+  return axis;
+}
+
+template <typename In, typename Out>
+void resize_bilinear(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, size_t osize,
+                     const std::vector<Axis>& ys, const std::vector<Axis>& xs) noexcept {
+  const size_t isize = In::kSize;
+  for (int64_t c = 0; c < out.c; ++c) {
+    for (int64_t y = 0; y < out.h; ++y) {
+      const Axis& ay = ys[static_cast<size_t>(y)];
+      const float by = 1.0f - ay.w;
+      for (int64_t x = 0; x < out.w; ++x) {
+        const Axis& ax = xs[static_cast<size_t>(x)];
+        auto at = [&](int64_t iy, int64_t ix) {
+          const int64_t k = in.hwc ? (iy * in.w + ix) * in.c + c : (c * in.h + iy) * in.w + ix;
+          return In::load(src + static_cast<size_t>(k) * isize);
+        };
+        const float bx = 1.0f - ax.w;
+        const float r0 = bx * at(ay.i0, ax.i0) + ax.w * at(ay.i0, ax.i1);
+        const float r1 = bx * at(ay.i1, ax.i0) + ax.w * at(ay.i1, ax.i1);
+        const float v = by * r0 + ay.w * r1;
+        const int64_t o = out.hwc ? (y * out.w + x) * out.c + c : (c * out.h + y) * out.w + x;
+        Out::store(dst + static_cast<size_t>(o) * osize, v);
+      }
+    }
+  }
+}
+
+template <typename In>
+void resize_bilinear_to(DType dtype, const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out,
+                        const std::vector<Axis>& ys, const std::vector<Axis>& xs) noexcept {
+  switch (dtype) {
+    case DType::kU8: return resize_bilinear<In, ToInt<uint8_t>>(src, in, dst, out, 1, ys, xs);
+    case DType::kI8: return resize_bilinear<In, ToInt<int8_t>>(src, in, dst, out, 1, ys, xs);
+    case DType::kU16: return resize_bilinear<In, ToInt<uint16_t>>(src, in, dst, out, 2, ys, xs);
+    case DType::kI16: return resize_bilinear<In, ToInt<int16_t>>(src, in, dst, out, 2, ys, xs);
+    case DType::kF16: return resize_bilinear<In, ToF16>(src, in, dst, out, 2, ys, xs);
+    case DType::kBF16: return resize_bilinear<In, ToBF16>(src, in, dst, out, 2, ys, xs);
+    default: return resize_bilinear<In, ToF32>(src, in, dst, out, 4, ys, xs);
+  }
+}
+
 }  // namespace
+
+void resize(const uint8_t* src, DType dtype, const Dims& in, uint8_t* dst, const Dims& out, const int64_t* box,
+            bool bilinear) noexcept {
+  const int64_t top = std::clamp<int64_t>(box[0], 0, in.h - 1), left = std::clamp<int64_t>(box[1], 0, in.w - 1);
+  const int64_t bh = std::clamp<int64_t>(box[2], 1, in.h - top), bw = std::clamp<int64_t>(box[3], 1, in.w - left);
+  if (!bilinear) {
+    // A nearest resize is a gather of whole items (chw) or pixels (hwc).
+    const size_t item = itemsize(dtype);
+    const size_t unit = in.hwc ? static_cast<size_t>(in.c) * item : item;
+    const float sy = static_cast<float>(bh) / static_cast<float>(out.h);
+    const float sx = static_cast<float>(bw) / static_cast<float>(out.w);
+    std::vector<int64_t> cols(static_cast<size_t>(out.w));
+    for (int64_t x = 0; x < out.w; ++x) {
+      const auto i = static_cast<int64_t>(std::floor((static_cast<float>(x) + 0.5f) * sx));
+      cols[static_cast<size_t>(x)] = left + std::min(i, bw - 1);
+    }
+    const int64_t planes = in.hwc ? 1 : in.c;
+    for (int64_t p = 0; p < planes; ++p) {
+      for (int64_t y = 0; y < out.h; ++y) {
+        const auto i = static_cast<int64_t>(std::floor((static_cast<float>(y) + 0.5f) * sy));
+        const uint8_t* row = src + static_cast<size_t>((p * in.h + top + std::min(i, bh - 1)) * in.w) * unit;
+        uint8_t* o = dst + static_cast<size_t>((p * out.h + y) * out.w) * unit;
+        for (size_t x = 0; x < cols.size(); ++x) {
+          std::memcpy(o + x * unit, row + static_cast<size_t>(cols[x]) * unit, unit);
+        }
+      }
+    }
+    return;
+  }
+  const std::vector<Axis> ys = bilinear_axis(out.h, top, bh), xs = bilinear_axis(out.w, left, bw);
+  switch (dtype) {
+    case DType::kU8: return resize_bilinear_to<Plain<uint8_t>>(dtype, src, in, dst, out, ys, xs);
+    case DType::kI8: return resize_bilinear_to<Plain<int8_t>>(dtype, src, in, dst, out, ys, xs);
+    case DType::kU16: return resize_bilinear_to<Plain<uint16_t>>(dtype, src, in, dst, out, ys, xs);
+    case DType::kI16: return resize_bilinear_to<Plain<int16_t>>(dtype, src, in, dst, out, ys, xs);
+    case DType::kF16: return resize_bilinear_to<Half>(dtype, src, in, dst, out, ys, xs);
+    case DType::kBF16: return resize_bilinear_to<BHalf>(dtype, src, in, dst, out, ys, xs);
+    default: return resize_bilinear_to<Plain<float>>(dtype, src, in, dst, out, ys, xs);
+  }
+}
 
 size_t itemsize(DType dtype) noexcept {
   switch (dtype) {
@@ -236,7 +353,7 @@ void fill_rects(uint8_t* data, const Dims& d, size_t item, const int64_t* rects,
 
 uint16_t float_to_bfloat16(float value) noexcept {
   const uint32_t b = float_bits(value);
-  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>(((b >> 16) & 0x8000u) | 0x7FC0u);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
   return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
 }
 
@@ -246,7 +363,7 @@ uint16_t float_to_half(float value) noexcept {
   const uint32_t a = b & 0x7FFFFFFFu;
   uint32_t h;
   if (a > 0x7F800000u) {
-    h = 0x7E00u;  // NaN, sign kept
+    return 0x7E00u;  // NaN: the canonical positive quiet NaN
   } else if (a >= 0x477FF000u) {
     h = 0x7C00u;  // rounds to infinity
   } else if (a >= 0x38800000u) {

@@ -46,6 +46,14 @@ void select_channels(const uint8_t* src, const Dims& in, uint8_t* dst, const Dim
 void fill_rects(uint8_t* data, const Dims& d, size_t item, const int64_t* rects, size_t count,
                 const uint8_t* value) noexcept;
 
+// Resamples the box box[0..3] = (top, left, height, width) of the input
+// (clamped to it) to out.h x out.w. Nearest: source index floor((i + 0.5) *
+// scale), any dtype. Bilinear (half-pixel centres, edges clamped, float32 in
+// a fixed operation order, docs/TRANSFORMS.md): uint8, int8, uint16, int16
+// (rounded to nearest even and clamped), float16, float32, bfloat16.
+void resize(const uint8_t* src, DType dtype, const Dims& in, uint8_t* dst, const Dims& out, const int64_t* box,
+            bool bilinear) noexcept;
+
 enum class ConvertMode : uint8_t { kScale = 0, kNormalize = 1 };
 
 // y = float32(x) * scale (kScale) or (float32(x) - mean[c]) / std[c]
@@ -53,7 +61,7 @@ enum class ConvertMode : uint8_t { kScale = 0, kNormalize = 1 };
 void convert(const uint8_t* src, DType in, const Dims& dims, uint8_t* dst, DType out, ConvertMode mode, float scale,
              const float* mean, const float* std) noexcept;
 
-// IEEE round-to-nearest-even conversions, NaN to the canonical quiet NaN.
+// IEEE round-to-nearest-even conversions, NaN to the canonical positive quiet NaN.
 uint16_t float_to_half(float value) noexcept;
 uint16_t float_to_bfloat16(float value) noexcept;
 float half_to_float(uint16_t bits) noexcept;

@@ -59,6 +59,21 @@ void check_step(TransformStep& s, size_t num_params, const std::string& what) {
       }
       if (s.pad.size() != transforms::itemsize(s.in_dtype)) throw FastloadError(what + ": value is not one item");
       break;
+    case TransformStep::kResize: {
+      if (s.in_dtype != s.out_dtype || s.in.c != s.out.c) {
+        throw FastloadError(what + ": resize keeps dtype and channels");
+      }
+      if (s.param_offset > num_params || num_params - s.param_offset < 4) {
+        throw FastloadError(what + ": parameters beyond the " + std::to_string(num_params) + " per sample");
+      }
+      const DType d = s.in_dtype;
+      const bool bilinear_ok = d == DType::kU8 || d == DType::kI8 || d == DType::kU16 || d == DType::kI16 ||
+                               d == DType::kF16 || d == DType::kF32 || d == DType::kBF16;
+      if (s.mode == transforms::ConvertMode::kNormalize && !bilinear_ok) {
+        throw FastloadError(what + ": bilinear resize does not take this dtype");
+      }
+      break;
+    }
     case TransformStep::kConvert:
       if (!same_size) throw FastloadError(what + ": convert keeps the shape");
       if (!is_float_out(s.out_dtype)) throw FastloadError(what + ": convert writes float32, float16 or bfloat16");
@@ -121,6 +136,10 @@ void TransformPipeline::run(size_t field, const uint8_t* src, uint8_t* dst, cons
         std::memcpy(out, in, static_cast<size_t>(s.in.elements()) * transforms::itemsize(s.in_dtype));
         transforms::fill_rects(out, s.out, transforms::itemsize(s.in_dtype), params + s.param_offset, s.rects,
                                reinterpret_cast<const uint8_t*>(s.pad.data()));
+        break;
+      case TransformStep::kResize:
+        transforms::resize(in, s.in_dtype, s.in, out, s.out, params + s.param_offset,
+                           s.mode == transforms::ConvertMode::kNormalize);
         break;
       case TransformStep::kSelect:
         transforms::select_channels(in, s.in, out, s.out, transforms::itemsize(s.in_dtype), s.channels.data());

@@ -22,7 +22,7 @@
 namespace fastload {
 
 struct TransformStep {
-  enum Kind : uint8_t { kGather = 0, kSelect = 1, kConvert = 2, kFill = 3 };
+  enum Kind : uint8_t { kGather = 0, kSelect = 1, kConvert = 2, kFill = 3, kResize = 4 };
   uint8_t kind = kGather;
   size_t field = 0;
   transforms::DType in_dtype = transforms::DType::kU8;
@@ -33,7 +33,7 @@ struct TransformStep {
   std::string pad;                // gather: one item of in_dtype; fill: the value
   size_t rects = 0;               // fill: rectangles per sample
   std::vector<int64_t> channels;  // select
-  transforms::ConvertMode mode = transforms::ConvertMode::kScale;  // convert
+  transforms::ConvertMode mode = transforms::ConvertMode::kScale;  // convert; resize: 1 bilinear, 0 nearest
   float scale = 1.0f;
   std::vector<float> mean, std;
 };

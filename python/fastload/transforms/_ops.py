@@ -396,3 +396,100 @@ class AxisMasks(FillTransform):
             rect = band if self.axis == "height" else (band[2], band[3], band[0], band[1])
             out[:, 4 * j:4 * j + 4] = np.stack(rect, axis=1)
         return out
+
+
+INTERPOLATIONS = ("bilinear", "nearest")
+BILINEAR_DTYPES = ("uint8", "int8", "uint16", "int16", "float16", "float32", "bfloat16")
+
+
+class ResampleTransform(SpatialTransform):
+    """A spatial op that resamples a box of each sample to ``size`` (bilinear or nearest, per field).
+
+    ``interpolation`` is one mode for every field, or a dict per field; by default 3-D fields
+    (images) are bilinear and 2-D fields (masks) nearest.
+    """
+
+    def __init__(self, size: int | Sequence[int], interpolation: str | Mapping[str, str] | None,
+                 fields: str | Sequence[str] | None) -> None:
+        super().__init__(fields)
+        self.size = _pair(size, f"{self.name}: size")
+        modes = interpolation.values() if isinstance(interpolation, Mapping) else [interpolation]
+        if any(m is not None and m not in INTERPOLATIONS for m in modes):
+            raise TransformError(f"{self.name}: interpolation must be 'bilinear' or 'nearest', not {interpolation!r}")
+        self.interpolation = interpolation
+
+    def mode(self, state: FieldState) -> str:
+        """Return the interpolation of ``state``'s field; fail when bilinear cannot take its dtype."""
+        chosen = self.interpolation.get(state.name) if isinstance(self.interpolation, Mapping) else self.interpolation
+        mode = chosen or ("bilinear" if len(state.shape) == 3 else "nearest")
+        if mode == "bilinear" and state.dtype not in BILINEAR_DTYPES:
+            raise self.fail(state.name, f"bilinear interpolation does not take dtype {state.dtype} "
+                                        f"(one of {BILINEAR_DTYPES}); use interpolation='nearest' for it")
+        return mode
+
+    def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
+        """Return ``size``."""
+        return self.size
+
+    def boxes(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return per-sample boxes ``[n, 4]`` (top, left, height, width) of the input to resample."""
+        raise NotImplementedError
+
+
+class Resize(ResampleTransform):
+    """Resize the whole sample to ``size`` (int or (h, w)); bilinear with half-pixel centres, or nearest."""
+
+    def __init__(self, size: int | Sequence[int], interpolation: str | Mapping[str, str] | None = None,
+                 fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(size, interpolation, fields)
+
+    def boxes(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return the whole sample as every box."""
+        return np.tile(np.array([[0, 0, h, w]], np.int64), (len(keys), 1))
+
+
+class RandomResizedCrop(ResampleTransform):
+    """A random box of area ``scale`` and aspect ``ratio`` resized to ``size`` (torchvision's algorithm).
+
+    Up to 10 attempts t with draws 4t .. 4t + 3: area ``H * W * uniform(scale)``, aspect
+    ``exp(uniform(log ratio))``, width ``round(sqrt(area * aspect))``, height ``round(sqrt(area / aspect))``;
+    the first that fits is placed at top ``randint(H - h + 1)``, left ``randint(W - w + 1)``. If none
+    fits: the largest centred box with the aspect clamped into ``ratio``.
+    """
+
+    def __init__(self, size: int | Sequence[int], scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3 / 4, 4 / 3), interpolation: str | Mapping[str, str] | None = None,
+                 fields: str | Sequence[str] | None = None) -> None:
+        super().__init__(size, interpolation, fields)
+        if not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
+            raise TransformError(f"RandomResizedCrop: scale must be (min, max) within (0, 1], not {scale!r}")
+        if not (len(ratio) == 2 and 0 < ratio[0] <= ratio[1]):
+            raise TransformError(f"RandomResizedCrop: ratio must be (min, max) with 0 < min <= max, not {ratio!r}")
+        self.scale, self.ratio = tuple(map(float, scale)), tuple(map(float, ratio))
+
+    def boxes(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Return each sample's box."""
+        n = len(keys)
+        in_ratio = w / h
+        if in_ratio < self.ratio[0]:
+            fw, fh = w, int(round(w / self.ratio[0]))
+        elif in_ratio > self.ratio[1]:
+            fh, fw = h, int(round(h * self.ratio[1]))
+        else:
+            fw, fh = w, h
+        out = np.tile(np.array([[(h - fh) // 2, (w - fw) // 2, fh, fw]], np.int64), (n, 1))
+        todo = np.ones(n, bool)
+        lo, hi = np.log(self.ratio[0]), np.log(self.ratio[1])
+        for t in range(10):
+            area = h * w * (self.scale[0] + (self.scale[1] - self.scale[0]) * uniform(draw(keys, 4 * t)))
+            aspect = np.exp(lo + (hi - lo) * uniform(draw(keys, 4 * t + 1)))
+            bw = np.round(np.sqrt(area * aspect)).astype(np.int64)
+            bh = np.round(np.sqrt(area / aspect)).astype(np.int64)
+            fits = todo & (bw > 0) & (bw <= w) & (bh > 0) & (bh <= h)
+            top = (((draw(keys, 4 * t + 2) >> np.uint64(32)) * np.clip(h - bh + 1, 1, None).astype(np.uint64))
+                   >> np.uint64(32)).astype(np.int64)
+            left = (((draw(keys, 4 * t + 3) >> np.uint64(32)) * np.clip(w - bw + 1, 1, None).astype(np.uint64))
+                    >> np.uint64(32)).astype(np.int64)
+            out[fits] = np.stack([top, left, bh, bw], axis=1)[fits]
+            todo &= ~fits
+        return out

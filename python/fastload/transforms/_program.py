@@ -10,6 +10,7 @@ import numpy as np
 from ._ops import (
     FillTransform,
     Normalize,
+    ResampleTransform,
     SelectChannels,
     SpatialTransform,
     ToDtype,
@@ -18,7 +19,19 @@ from ._ops import (
 )
 from ._reference import float32_to
 from ._rng import op_keys
-from ._spec import CONVERT, FILL, GATHER, LAYOUTS, NORMALIZE, SCALE, SELECT, FieldState, Step, storage_dtype
+from ._spec import (
+    CONVERT,
+    FILL,
+    GATHER,
+    LAYOUTS,
+    NORMALIZE,
+    RESIZE,
+    SCALE,
+    SELECT,
+    FieldState,
+    Step,
+    storage_dtype,
+)
 
 NUMERIC = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64", "bfloat16")
 
@@ -68,6 +81,15 @@ class Program:
         if not src.spatial and not isinstance(op, SpatialTransform):
             raise op.fail(src.name, f"shape {src.shape} is not an image (2-D, or 3-D chw/hwc)")
         c, h, w = src.chw if src.spatial else (0, 0, 0)
+        if isinstance(op, ResampleTransform):
+            mode = op.mode(src)
+            if not self.spatial or self.spatial[-1][0] != position:
+                self.spatial.append((position, op, self.num_params, h, w))
+                self.num_params += 4
+            dst = src.with_chw(c, *op.size)
+            self.steps.append(Step(RESIZE, src.name, src, dst, op.name, param_offset=self.spatial[-1][2],
+                                   mode=1 if mode == "bilinear" else 0))
+            return dst
         if isinstance(op, SpatialTransform):
             oh, ow = op.out_size(h, w, src.name)
             if not self.spatial or self.spatial[-1][0] != position:
@@ -121,7 +143,9 @@ class Program:
         out = np.zeros((len(indices), self.num_params), dtype=np.int64)
         for position, op, offset, h, w in self.spatial:
             keys = op_keys(seed, epoch, indices, position)
-            if isinstance(op, SpatialTransform):
+            if isinstance(op, ResampleTransform):
+                out[:, offset:offset + 4] = op.boxes(keys, h, w)
+            elif isinstance(op, SpatialTransform):
                 out[:, offset:offset + 6] = op.maps(keys, h, w)
             else:
                 out[:, offset:offset + 4 * op.count] = op.rects(keys, h, w)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._spec import CONVERT, FILL, GATHER, NORMALIZE, SELECT, FieldState, Step, storage_dtype
+from ._spec import CONVERT, FILL, GATHER, NORMALIZE, RESIZE, SELECT, FieldState, Step, storage_dtype
 
 if TYPE_CHECKING:
     from ._program import Program
@@ -24,13 +24,13 @@ _U32 = np.uint32
 def float32_to(x: np.ndarray, dtype: str) -> np.ndarray:
     """Round float32 values into ``dtype`` (float32, float16 bits as float16, bfloat16 bits as uint16)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if dtype == "float32":
-        return x
     bits = x.view(_U32)
     nan = (bits & _U32(0x7FFFFFFF)) > _U32(0x7F800000)
+    if dtype == "float32":  # NaN: the canonical positive quiet NaN (which NaN an op returns is not portable)
+        return np.where(nan, _U32(0x7FC00000), bits).astype(_U32).view(np.float32)
     if dtype == "bfloat16":
         rounded = (bits + _U32(0x7FFF) + ((bits >> _U32(16)) & _U32(1))) >> _U32(16)
-        return np.where(nan, (bits >> _U32(16)) & _U32(0x8000) | _U32(0x7FC0), rounded).astype(np.uint16)
+        return np.where(nan, _U32(0x7FC0), rounded).astype(np.uint16)
     if dtype != "float16":
         raise ValueError(f"float32_to: unsupported dtype {dtype}")
     sign = (bits >> _U32(16)) & _U32(0x8000)
@@ -45,8 +45,8 @@ def float32_to(x: np.ndarray, dtype: str) -> np.ndarray:
     sub = r + ((rem > half) | ((rem == half) & ((r & _U32(1)) == _U32(1)))).astype(_U32)
     h = np.where(a >= _U32(0x38800000), normal, np.where(a < _U32(0x33000000), _U32(0), sub))
     h = np.where(a >= _U32(0x477FF000), _U32(0x7C00), h)
-    h = np.where(nan, _U32(0x7E00), h)
-    return (h | sign).astype(np.uint16).view(np.float16)
+    h = np.where(nan, _U32(0x7E00), h | sign)
+    return h.astype(np.uint16).view(np.float16)
 
 
 def to_float32(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -94,6 +94,44 @@ def _gather_one(img: np.ndarray, size: tuple[int, int], m: np.ndarray, pad: Any)
     return np.where(inside[None], img[:, np.clip(iy, 0, h - 1), np.clip(ix, 0, w - 1)], pad)
 
 
+def from_float32(v: np.ndarray, dtype: str) -> np.ndarray:
+    """Return float32 values in ``dtype``: integers clamped then rounded to nearest even, floats rounded."""
+    if dtype in ("float32", "float16", "bfloat16"):
+        return float32_to(v, dtype)
+    info = np.iinfo(storage_dtype(dtype))
+    return np.rint(np.clip(v, np.float32(info.min), np.float32(info.max))).astype(storage_dtype(dtype))
+
+
+def _bilinear_axis(out: int, start: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    scale = np.float32(length) / np.float32(out)
+    f = np.maximum((np.arange(out, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5), np.float32(0))
+    i0 = np.minimum(np.floor(f).astype(np.int64), length - 1)
+    i1 = np.minimum(i0 + 1, length - 1)
+    return start + i0, start + i1, f - i0.astype(np.float32)
+
+
+def _resize_one(img: np.ndarray, dtype: str, box: np.ndarray, size: tuple[int, int], bilinear: bool) -> np.ndarray:
+    """Return one sample (C, H, W) with its box (top, left, height, width) resampled to ``size``."""
+    _, h, w = img.shape
+    top, left = min(max(int(box[0]), 0), h - 1), min(max(int(box[1]), 0), w - 1)
+    bh, bw = min(max(int(box[2]), 1), h - top), min(max(int(box[3]), 1), w - left)
+    oh, ow = size
+    if not bilinear:
+        def nearest(n: int, start: int, length: int) -> np.ndarray:
+            scale = np.float32(length) / np.float32(n)
+            i = np.floor((np.arange(n, dtype=np.float32) + np.float32(0.5)) * scale).astype(np.int64)
+            return start + np.minimum(i, length - 1)
+        return img.take(nearest(oh, top, bh), axis=1).take(nearest(ow, left, bw), axis=2)
+    y0, y1, wy = _bilinear_axis(oh, top, bh)
+    x0, x1, wx = _bilinear_axis(ow, left, bw)
+    v = to_float32(img, dtype)
+    rows0, rows1 = v.take(y0, axis=1), v.take(y1, axis=1)
+    bx, by = np.float32(1) - wx, (np.float32(1) - wy)[:, None]
+    r0 = bx * rows0.take(x0, axis=2) + wx * rows0.take(x1, axis=2)
+    r1 = bx * rows1.take(x0, axis=2) + wx * rows1.take(x1, axis=2)
+    return from_float32(by * r0 + wy[:, None] * r1, dtype)
+
+
 def run_step(step: Step, x: np.ndarray, params: np.ndarray) -> np.ndarray:
     """Apply one step to a batch ``x`` ``[n, *step.src.shape]``; ``params`` is ``[n, num_params]``."""
     src, dst = step.src, step.dst
@@ -104,6 +142,11 @@ def run_step(step: Step, x: np.ndarray, params: np.ndarray) -> np.ndarray:
         out = np.empty((n, dst.chw[0], dst.chw[1], dst.chw[2]), dtype=x.dtype)
         for i in range(n):
             out[i] = _gather_one(x4[i], dst.chw[1:], params[i, step.param_offset:step.param_offset + 6], pad)
+    elif step.kind == RESIZE:
+        out = np.empty((n, *dst.chw), dtype=x.dtype)
+        for i in range(n):
+            out[i] = _resize_one(x4[i], src.dtype, params[i, step.param_offset:step.param_offset + 4],
+                                 dst.chw[1:], step.mode == 1)
     elif step.kind == FILL:
         value = np.frombuffer(step.pad, dtype=storage_dtype(src.dtype))[0]
         out = x4.copy()

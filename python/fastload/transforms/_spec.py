@@ -72,7 +72,7 @@ class FieldState:
         return int(np.prod(self.shape, dtype=np.int64)) * ITEMSIZE[self.dtype]
 
 
-GATHER, SELECT, CONVERT, FILL = 0, 1, 2, 3
+GATHER, SELECT, CONVERT, FILL, RESIZE = 0, 1, 2, 3, 4
 SCALE, NORMALIZE = 0, 1
 
 
@@ -86,7 +86,8 @@ class Step:
     ``float32(x) * scale`` (mode SCALE) or ``(float32(x) - mean[c]) / std[c]``
     (mode NORMALIZE), rounded to nearest even into the output dtype. fill: ``rects``
     rectangles (top, bottom, left, right; four int64 each at ``param_offset``) set to ``pad``
-    in every channel.
+    in every channel. resize: the box (top, left, height, width; four int64 at
+    ``param_offset``) resampled to the output size, bilinear (``mode`` 1) or nearest (0).
     """
 
     kind: int
