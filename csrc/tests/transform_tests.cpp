@@ -146,6 +146,46 @@ void test_fill_rects() {
   }
 }
 
+void test_resize() {
+  for (bool hwc : {false, true}) {
+    const Dims in{3, 6, 8, hwc};
+    std::vector<uint8_t> src(static_cast<size_t>(in.elements()));
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 37 + 11);
+    // Bilinear onto the same size is the identity; so is a nearest resize.
+    for (bool bilinear : {false, true}) {
+      std::vector<uint8_t> same(src.size());
+      const int64_t whole[] = {0, 0, 6, 8};
+      resize(src.data(), DType::kU8, in, same.data(), in, whole, bilinear);
+      CHECK(same == src);
+    }
+    // Nearest halving of the box rows 2..5, columns 0..7 takes its odd rows and columns.
+    const Dims out{3, 2, 4, hwc};
+    std::vector<uint8_t> half(static_cast<size_t>(out.elements()));
+    const int64_t box[] = {2, 0, 4, 8};
+    resize(src.data(), DType::kU8, in, half.data(), out, box, false);
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t y = 0; y < 2; ++y)
+        for (int64_t x = 0; x < 4; ++x) {
+          CHECK(half[static_cast<size_t>(at(out, c, y, x))] ==
+                src[static_cast<size_t>(at(in, c, 2 + 2 * y + 1, 2 * x + 1))]);
+        }
+    // Bilinear halving is the mean of each 2x2 block, rounded half to even.
+    resize(src.data(), DType::kU8, in, half.data(), out, box, true);
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t y = 0; y < 2; ++y)
+        for (int64_t x = 0; x < 4; ++x) {
+          float sum = 0;
+          for (int64_t dy = 0; dy < 2; ++dy)
+            for (int64_t dx = 0; dx < 2; ++dx) sum += src[static_cast<size_t>(at(in, c, 2 + 2 * y + dy, 2 * x + dx))];
+          CHECK(half[static_cast<size_t>(at(out, c, y, x))] == static_cast<uint8_t>(std::nearbyint(sum / 4)));
+        }
+    // A box reaching past the input is clamped to it, never read out of bounds (ASan checks).
+    const int64_t wild[] = {5, 7, 100, 100};
+    resize(src.data(), DType::kU8, in, half.data(), out, wild, true);
+    CHECK(half[0] == src[static_cast<size_t>(at(in, 0, 5, 7))]);
+  }
+}
+
 TransformStep crop_step(int64_t size) {
   TransformStep s;
   s.kind = TransformStep::kGather;
@@ -201,6 +241,7 @@ int main() {
   test_rounding();
   test_convert();
   test_fill_rects();
+  test_resize();
   test_pipeline_validation_and_run();
   if (failures) {
     std::printf("%d failure(s)\n", failures);

@@ -49,6 +49,28 @@ void gather_fixed(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& 
   gather_units(src, in, dst, out, N, m, pad);
 }
 
+// Rows copied reversed: maps with m[1] = m[3] = 0 and m[4] = -1 (horizontal flips, with crops or pads).
+template <size_t N>
+void gather_rows_reversed(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, const int64_t* m,
+                          const uint8_t* pad) noexcept {
+  const int64_t planes = in.hwc ? 1 : in.c;
+  // ix = f - x lies in [0, in.w) for x in (f - in.w, f]
+  const int64_t x0 = std::max<int64_t>(0, m[5] - in.w + 1), x1 = std::min<int64_t>(out.w, m[5] + 1);
+  for (int64_t p = 0; p < planes; ++p) {
+    const uint8_t* s = src + static_cast<size_t>(p * in.h * in.w) * N;
+    uint8_t* o = dst + static_cast<size_t>(p * out.h * out.w) * N;
+    for (int64_t y = 0; y < out.h; ++y, o += static_cast<size_t>(out.w) * N) {
+      const int64_t iy = m[0] * y + m[2];
+      const bool row_inside = iy >= 0 && iy < in.h;
+      const uint8_t* row = s + static_cast<size_t>(row_inside ? iy * in.w : 0) * N;
+      for (int64_t x = 0; x < out.w; ++x) {
+        const bool inside = row_inside && x >= x0 && x < x1;
+        std::memcpy(o + static_cast<size_t>(x) * N, inside ? row + static_cast<size_t>(m[5] - x) * N : pad, N);
+      }
+    }
+  }
+}
+
 // Rows copied whole: maps with m[1] = m[3] = 0 and m[4] = 1 (crops, pads, vertical flips).
 void gather_rows(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, size_t item, const int64_t* m,
                  const uint8_t* pad) noexcept {
@@ -82,8 +104,8 @@ void gather_rows(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& o
 // on two NaNs returns depends on operand order, which numpy does not fix.
 struct ToF32 {
   static void store(uint8_t* o, float y) noexcept {
-    const uint32_t b = y != y ? 0x7FC00000u : float_bits(y);
-    std::memcpy(o, &b, 4);
+    const float v = y != y ? bits_float(0x7FC00000u) : y;
+    std::memcpy(o, &v, 4);
   }
 };
 struct ToF16 {
@@ -105,6 +127,13 @@ template <typename In, typename Out, bool kNormalize>
 void convert_run(const uint8_t* src, uint8_t* dst, int64_t n, int64_t stride, float scale, float m, float sd) noexcept {
   constexpr size_t isize = In::kSize;
   const size_t osize = std::is_same_v<Out, ToF32> ? 4 : 2;
+  if (stride == 1) {  // chw planes: a plain loop the compiler vectorises
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = In::load(src + static_cast<size_t>(i) * isize);
+      Out::store(dst + static_cast<size_t>(i) * osize, kNormalize ? (v - m) / sd : v * scale);
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const size_t k = static_cast<size_t>(i * stride);
     const float v = In::load(src + k * isize);
@@ -290,6 +319,16 @@ void gather(const uint8_t* src, const Dims& in, uint8_t* dst, const Dims& out, s
             const uint8_t* pad) noexcept {
   if (m[1] == 0 && m[3] == 0 && m[4] == 1) return gather_rows(src, in, dst, out, item, m, pad);
   const size_t unit = in.hwc ? static_cast<size_t>(in.c) * item : item;
+  if (m[1] == 0 && m[3] == 0 && m[4] == -1) {
+    switch (unit) {
+      case 1: return gather_rows_reversed<1>(src, in, dst, out, m, pad);
+      case 2: return gather_rows_reversed<2>(src, in, dst, out, m, pad);
+      case 3: return gather_rows_reversed<3>(src, in, dst, out, m, pad);
+      case 4: return gather_rows_reversed<4>(src, in, dst, out, m, pad);
+      case 8: return gather_rows_reversed<8>(src, in, dst, out, m, pad);
+      default: break;
+    }
+  }
   switch (unit) {
     case 1: return gather_fixed<1>(src, in, dst, out, m, pad);
     case 2: return gather_fixed<2>(src, in, dst, out, m, pad);

@@ -92,6 +92,13 @@ class ShardLoader:
     it) selects the epoch of the next pass. ``load_state_dict`` makes the next
     pass resume mid-epoch; ``remaining()`` says how many batches it has.
 
+    ``transforms=[...]`` (``fastload.transforms`` ops; ``layout="chw"`` or
+    ``"hwc"`` for 3-D fields) augments every sample inside the loader, the
+    same for any thread count, backend or resume point (docs/TRANSFORMS.md);
+    ``batch_transform=fn`` calls ``fn(batch, generator)`` on each batch on the
+    iterating thread with a generator keyed by (seed, epoch, batch);
+    ``output=("image", "label")`` yields tuples in that order instead of dicts.
+
     ``backend="native"`` decodes in C++ threads into pooled (pinned when CUDA
     is there) buffers; ``backend="torch"`` uses ``torch.utils.data.DataLoader``
     over :class:`ShardDataset`; ``"auto"`` (or the ``FASTLOAD_BACKEND``
