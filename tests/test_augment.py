@@ -153,3 +153,38 @@ def test_readme_augmentation_snippet_runs_as_written(tmp_path):
     exec(compile(source, "README.md", "exec"), namespace)
     x, y = next(iter(namespace["loader"]))
     assert x.dtype == torch.float32 and x.shape == (8, 3, 12, 12) and y.shape == (8,)
+
+
+def test_transforms_with_a_concatenation_and_weighted_sampling_agree_across_backends(seg_dataset, tmp_path):
+    other = tmp_path / "other"
+    rng = np.random.default_rng(9)
+    images = rng.integers(0, 256, (20, 3, 12, 12), dtype=np.uint8)
+    fastload.write_arrays(other, {"image": images, "mask": (images[:, 0] > 127).astype(np.uint8),
+                                  "label": np.arange(20, dtype=np.int64)}, codec={"image": "zstd"})
+    both = fastload.concat([seg_dataset, other], with_source=True)
+    runs = {}
+    for backend in ("native", "torch"):
+        loader = ShardLoader(both, batch_size=8, shuffle=True, seed=4, transforms=OPS, backend=backend,
+                             num_threads=2, num_workers=0, output=("image", "source"))
+        runs[backend] = list(loader)
+    assert len(runs["native"]) == 10
+    for (xn, sn), (xt, st) in zip(runs["native"], runs["torch"]):
+        assert xn.dtype == torch.bfloat16 and torch.equal(xn, xt) and torch.equal(sn, st)
+    weighted = {}
+    for backend in ("native", "torch"):
+        loader = ShardLoader(seg_dataset, batch_size=8, seed=4, transforms=OPS, backend=backend, num_threads=2,
+                             num_workers=0, sample_weights=np.linspace(1, 2, 60), num_samples=40)
+        loader.set_epoch(3)
+        weighted[backend] = list(loader)
+    assert batches_equal(weighted["native"], weighted["torch"])
+
+
+def test_transforms_refuse_a_concatenation_of_different_layouts(seg_dataset, tmp_path):
+    other = tmp_path / "raw"
+    rng = np.random.default_rng(9)
+    images = rng.integers(0, 256, (20, 3, 12, 12), dtype=np.uint8)
+    fastload.write_arrays(other, {"image": images, "mask": (images[:, 0] > 127).astype(np.uint8),
+                                  "label": np.arange(20, dtype=np.int64)}, codec="raw")
+    with pytest.raises(ValueError, match="transforms= with a concatenation of datasets that store their records "
+                                         "differently is not supported yet"):
+        ShardLoader(fastload.concat([seg_dataset, other]), transforms=OPS)
