@@ -4,6 +4,7 @@
 #include <string>
 
 #include "errors.h"
+#include "platform/platform.h"
 
 namespace fastload {
 namespace {
@@ -86,7 +87,10 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
   chunk_size_ = std::max({size_t{1}, capacity_ / (num_threads * 4), std::min(min_samples, capacity_)});
   pool_ = std::make_shared<SlotPool>(slot_bytes_);
   try {
-    for (size_t i = 0; i < num_threads; ++i) workers_.emplace_back([this] { worker_main(); });
+    for (size_t i = 0; i < num_threads; ++i) workers_.emplace_back([this, i] {
+        name_this_thread("fastload-w" + std::to_string(i));
+        worker_main();
+      });
   } catch (...) {
     close();
     throw;

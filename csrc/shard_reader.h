@@ -10,7 +10,7 @@
 // guarantee (as for any memory-mapped reader).
 //
 // Before mapping, the file must be a regular file (opened without blocking,
-// so a FIFO never waits) and not empty (file_mapping.h).
+// so a FIFO never waits) and not empty (platform/file_mapping.h).
 //
 // Thread safety: a ShardSet and its ShardFiles are immutable after
 // construction and may be shared by any number of threads.
@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "file_mapping.h"
+#include "platform/file_mapping.h"
 #include "lmdb_validator.h"
 
 namespace fastload {

@@ -1,0 +1,29 @@
+// The platform layer: every operating-system call of the core lives under
+// csrc/platform/, with one POSIX side (posix.cpp) and one Windows side
+// (windows.cpp); CMake compiles the one that fits. The rest of csrc/ is
+// portable C++17. What is here:
+//   - file_mapping.h: FileMapping, a whole file mapped read-only (open, size
+//     and type checks, the mapping);
+//   - name_this_thread: names the calling thread for debuggers and profilers;
+//   - utf8_to_wide (Windows only): paths arrive as UTF-8 from Python and are
+//     opened with the wide-character API, so non-ASCII names work whatever the
+//     process's code page.
+// The core has no fork handling and no signal checks: the Python side owns
+// both (bindings.cpp checks signals between waits; workers are threads).
+#pragma once
+
+#include <string>
+
+namespace fastload {
+
+// Names the calling thread (Linux: at most 15 bytes are kept; Windows 10+:
+// SetThreadDescription when the system has it). Best effort, never throws.
+void name_this_thread(const std::string& name) noexcept;
+
+#ifdef _WIN32
+// Converts UTF-8 to UTF-16. Throws FastloadError naming `utf8` when it is not
+// valid UTF-8 (rather than opening some other file).
+std::wstring utf8_to_wide(const std::string& utf8);
+#endif
+
+}  // namespace fastload
