@@ -1,0 +1,391 @@
+// Tests of the core on real shard files written by the Python writer
+// (scripts/cross_test_shards.py, whose layout and values this file
+// recomputes): a threaded read of every sample, the epoch order against the
+// Python one, damaged copies (truncations, byte flips), and what the file
+// system may do to a shard: a read-only file, a path with non-ASCII
+// characters, its size and modification time after reading. On Windows also
+// backslash and drive-letter paths and a file another process holds open.
+// Built for Linux (`make test-cpp`, under ASan+UBSan) and for Windows
+// (`make test-windows-core`, mingw-w64, run under Wine).
+//
+// Usage: shard_tests DIR, where DIR holds dataset/ and order.txt.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "batch_reader.h"
+#include "errors.h"
+#include "permutation.h"
+#include "platform/file_mapping.h"
+#include "shard_reader.h"
+
+#ifdef _WIN32
+#ifndef NOMINMAX
+#define NOMINMAX
+#endif
+#include <windows.h>
+
+#include "platform/platform.h"
+#endif
+
+using namespace fastload;
+namespace fs = std::filesystem;
+
+namespace {
+
+int failures = 0;
+int checks = 0;
+
+#define CHECK(cond)                                               \
+  do {                                                            \
+    ++checks;                                                     \
+    if (!(cond)) {                                                \
+      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                 \
+    }                                                             \
+  } while (0)
+
+// The dataset of scripts/cross_test_shards.py.
+constexpr uint64_t kSamples = 300;
+constexpr uint64_t kPerShard = 128;
+constexpr uint64_t kImageElems = 3 * 32 * 32;
+const std::vector<FieldSpec> kFields = {FieldSpec{Codec::kZstdShuffle, 2, kImageElems * 2},
+                                        FieldSpec{Codec::kRaw, 8, 8}};
+
+uint16_t pixel(uint64_t i, uint64_t j) { return static_cast<uint16_t>(i * 2654435761ull + j * 40503ull); }
+
+// The UTF-8 form of a path (std::filesystem's native form is UTF-16 on Windows).
+std::string utf8(const fs::path& p) {
+  const auto s = p.u8string();
+  return std::string(s.begin(), s.end());
+}
+
+fs::path from_utf8(const std::string& s) { return fs::u8path(s); }
+
+std::vector<std::string> shard_paths(const fs::path& dataset) {
+  std::vector<std::string> paths;
+  for (int s = 0; s < 3; ++s) {
+    char name[32];
+    std::snprintf(name, sizeof name, "shard-%05d.lmdb", s);
+    paths.push_back(utf8(dataset / name));
+  }
+  return paths;
+}
+
+std::vector<uint64_t> shard_counts() { return {kPerShard, kPerShard, kSamples - 2 * kPerShard}; }
+
+// True when sample `i`'s decoded image and label are the expected values.
+bool sample_ok(uint64_t i, const uint8_t* image, const uint8_t* label) {
+  for (uint64_t j = 0; j < kImageElems; ++j) {
+    uint16_t v;
+    std::memcpy(&v, image + 2 * j, 2);
+    if (v != pixel(i, j)) return false;
+  }
+  int64_t l;
+  std::memcpy(&l, label, 8);
+  return l == static_cast<int64_t>(3 * i + 1);
+}
+
+// Decodes every record of `shards` in one thread; returns how many match.
+uint64_t count_good_samples(const ShardSet& shards) {
+  RecordDecoder decoder(kFields, true);
+  std::vector<uint8_t> image(kImageElems * 2), label(8);
+  uint8_t* dest[] = {image.data(), label.data()};
+  uint64_t good = 0;
+  for (uint64_t i = 0; i < shards.total_records(); ++i) {
+    const auto [s, key] = shards.locate(i);
+    const auto [bytes, size] = shards.shard(s).record(key);
+    decoder.decode(bytes, size, dest);
+    good += sample_ok(i, image.data(), label.data());
+  }
+  return good;
+}
+
+// Every sample read by 4 threads in the epoch order of `order`, checked value by value.
+void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& order) {
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
+  CHECK(shards->total_records() == kSamples);
+  ReaderOptions options;
+  options.batch_capacity = 32;
+  options.num_threads = 4;
+  BatchReader reader(shards, kFields, options);
+  std::vector<std::vector<uint8_t>> memory(3, std::vector<uint8_t>(reader.slot_bytes()));
+  for (auto& m : memory) reader.pool()->add(m.data(), m.size(), nullptr);
+  std::vector<bool> seen(kSamples, false);
+  uint64_t good = 0, delivered = 0;
+  size_t next = 0;
+  std::vector<std::vector<uint64_t>> submitted;
+  auto submit_one = [&] {
+    std::vector<uint64_t> batch(order.begin() + static_cast<long>(next),
+                                order.begin() + static_cast<long>(std::min<size_t>(next + 32, order.size())));
+    next += batch.size();
+    submitted.push_back(batch);
+    reader.submit(std::move(batch));
+  };
+  for (int k = 0; k < 2 && next < order.size(); ++k) submit_one();
+  size_t done = 0;
+  while (done < submitted.size()) {
+    auto batch = reader.wait_next(std::chrono::milliseconds(60000));
+    CHECK(batch.has_value());
+    if (!batch) break;
+    const auto& indices = submitted[done++];
+    CHECK(batch->count == indices.size());
+    for (size_t k = 0; k < batch->count; ++k) {
+      const uint8_t* image = batch->slot->data + reader.field_offset(0) + k * kFields[0].decoded_bytes;
+      const uint8_t* label = batch->slot->data + reader.field_offset(1) + k * kFields[1].decoded_bytes;
+      good += sample_ok(indices[k], image, label);
+      seen[indices[k]] = true;
+      ++delivered;
+    }
+    batch.reset();  // the slot goes back to the pool
+    if (next < order.size()) submit_one();
+  }
+  CHECK(delivered == kSamples);
+  CHECK(good == kSamples);
+  CHECK(std::count(seen.begin(), seen.end(), true) == static_cast<long>(kSamples));
+  CHECK(reader.stats().samples == kSamples);
+}
+
+// The C++ Permutation gives the order the Python writer's EpochOrder wrote.
+std::vector<uint64_t> test_order(const fs::path& dir) {
+  std::ifstream in(dir / "order.txt");
+  uint64_t seed = 0, epoch = 0, n = 0;
+  in >> seed >> epoch >> n;
+  std::vector<uint64_t> expected(n);
+  for (auto& x : expected) in >> x;
+  CHECK(in.good() || in.eof());
+  CHECK(n == kSamples);
+  const Permutation p(seed, epoch, n);
+  uint64_t same = 0;
+  for (uint64_t k = 0; k < n; ++k) same += p(k) == expected[k];
+  CHECK(same == n);
+  return expected;
+}
+
+fs::path copy_dataset(const fs::path& from, const fs::path& to) {
+  fs::remove_all(to);
+  fs::create_directories(to);
+  for (const auto& e : fs::directory_iterator(from)) fs::copy_file(e.path(), to / e.path().filename());
+  return to;
+}
+
+// Truncations anywhere and byte flips in the tree pages must end in an error,
+// never in a wrong sample.
+void test_damaged_copies(const fs::path& dataset, const fs::path& scratch) {
+  const std::string first = shard_paths(dataset)[0];
+  std::vector<uint8_t> bytes;
+  {
+    std::ifstream in(from_utf8(first), std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  CHECK(bytes.size() > 3 * 4096);
+  const fs::path damaged = scratch / "damaged.lmdb";
+  auto write = [&](const std::vector<uint8_t>& b) {
+    std::ofstream out(damaged, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  };
+  int truncations = 0, refused = 0;
+  for (size_t cut = 0; cut < bytes.size(); cut += (cut < 8192 ? 509 : 4093)) {
+    write(std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<long>(cut)));
+    ++truncations;
+    try {
+      ShardFile shard(utf8(damaged), kPerShard);
+    } catch (const CorruptShardError&) {
+      ++refused;
+    }
+  }
+  CHECK(refused == truncations);
+  // Byte flips everywhere: the file is refused, or a record fails to decode,
+  // or every sample is right. Nothing else.
+  int flips = 0, wrong = 0;
+  for (size_t pos = 0; pos < bytes.size(); pos += 97) {
+    auto b = bytes;
+    b[pos] ^= 0x41;
+    write(b);
+    ++flips;
+    try {
+      const ShardSet shards({utf8(damaged)}, {kPerShard});
+      if (count_good_samples(shards) != kPerShard) ++wrong;
+    } catch (const CorruptShardError&) {
+    } catch (const CorruptRecordError&) {
+    } catch (const DecodeError&) {
+    }
+  }
+  CHECK(flips > 100);
+  CHECK(wrong == 0);
+  std::printf("shard_tests: %d truncations refused, %d byte flips caught or harmless\n", truncations, flips);
+}
+
+// Reading leaves the file as it was; a read-only file and a non-ASCII path are fine.
+void test_file_system(const fs::path& dataset, const fs::path& scratch) {
+  const fs::path copy = copy_dataset(dataset, scratch / fs::u8path(u8"donn\u00e9es \u6570\u636e \u0394"));
+  const std::vector<std::string> paths = shard_paths(copy);
+  std::vector<uintmax_t> sizes;
+  std::vector<fs::file_time_type> times;
+  for (const auto& p : paths) {
+    fs::permissions(from_utf8(p), fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
+                    fs::perm_options::remove);
+    sizes.push_back(fs::file_size(from_utf8(p)));
+    times.push_back(fs::last_write_time(from_utf8(p)));
+  }
+  {
+    const ShardSet shards(paths, shard_counts());
+    CHECK(count_good_samples(shards) == kSamples);
+  }
+  for (size_t s = 0; s < paths.size(); ++s) {
+    CHECK(fs::file_size(from_utf8(paths[s])) == sizes[s]);
+    CHECK(fs::last_write_time(from_utf8(paths[s])) == times[s]);
+    fs::permissions(from_utf8(paths[s]), fs::perms::owner_write, fs::perm_options::add);
+  }
+  bool not_found = false;
+  try {
+    FileMapping missing(utf8(copy / fs::u8path(u8"\u00e9-missing.lmdb")));
+  } catch (const ShardNotFoundError& e) {
+    not_found = std::string(e.what()).find(u8"\u00e9-missing") != std::string::npos;
+  }
+  CHECK(not_found);
+  bool directory_refused = false;
+  try {
+    FileMapping dir(utf8(copy));
+  } catch (const CorruptShardError&) {
+    directory_refused = true;
+  }
+  CHECK(directory_refused);
+}
+
+#ifdef _WIN32
+
+// A child process (this program with --hold) that opens `path` with `access`
+// and `share`, signals `ready`, and waits for `release`.
+int hold_file(const std::wstring& path, DWORD access, DWORD share) {
+  HANDLE f = CreateFileW(path.c_str(), access, share, nullptr, OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, nullptr);
+  if (f == INVALID_HANDLE_VALUE) return 3;
+  HANDLE ready = OpenEventW(EVENT_MODIFY_STATE, FALSE, L"fastload-shard-tests-ready");
+  HANDLE release = OpenEventW(SYNCHRONIZE, FALSE, L"fastload-shard-tests-release");
+  if (ready == nullptr || release == nullptr) return 4;
+  SetEvent(ready);
+  WaitForSingleObject(release, 60000);
+  CloseHandle(f);
+  return 0;
+}
+
+// Runs `body` while another process holds `path` open in `mode` ("read" or "write").
+template <class Body>
+void while_held(const std::string& path, const char* mode, Body body) {
+  HANDLE ready = CreateEventW(nullptr, TRUE, FALSE, L"fastload-shard-tests-ready");
+  HANDLE release = CreateEventW(nullptr, TRUE, FALSE, L"fastload-shard-tests-release");
+  wchar_t self[MAX_PATH];
+  GetModuleFileNameW(nullptr, self, MAX_PATH);
+  std::wstring cmd = L"\"" + std::wstring(self) + L"\" --hold " + utf8_to_wide(mode) + L" \"" + utf8_to_wide(path) + L"\"";
+  STARTUPINFOW si{};
+  si.cb = sizeof si;
+  PROCESS_INFORMATION pi{};
+  const bool started = CreateProcessW(nullptr, cmd.data(), nullptr, nullptr, FALSE, 0, nullptr, nullptr, &si, &pi);
+  CHECK(started);
+  if (started) {
+    HANDLE both[] = {ready, pi.hProcess};
+    const DWORD w = WaitForMultipleObjects(2, both, FALSE, 60000);
+    CHECK(w == WAIT_OBJECT_0);
+    if (w == WAIT_OBJECT_0) body();
+    SetEvent(release);
+    WaitForSingleObject(pi.hProcess, 60000);
+    DWORD code = 1;
+    GetExitCodeProcess(pi.hProcess, &code);
+    CHECK(code == 0);
+    CloseHandle(pi.hThread);
+    CloseHandle(pi.hProcess);
+  }
+  CloseHandle(ready);
+  CloseHandle(release);
+}
+
+void test_windows_paths(const fs::path& dataset) {
+  const std::vector<std::string> paths = shard_paths(dataset);
+  // Backslashes (the native form), forward slashes, and the drive letter in lower case.
+  std::vector<std::string> slashed, lower;
+  for (std::string p : paths) {
+    CHECK(p.size() > 2 && p[1] == ':');
+    std::string s = p;
+    std::replace(s.begin(), s.end(), '\\', '/');
+    slashed.push_back(s);
+    std::string l = p;
+    l[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(l[0])));
+    std::replace(l.begin(), l.end(), '/', '\\');
+    lower.push_back(l);
+  }
+  CHECK(paths[0].find('\\') != std::string::npos);
+  CHECK(count_good_samples(ShardSet(slashed, shard_counts())) == kSamples);
+  CHECK(count_good_samples(ShardSet(lower, shard_counts())) == kSamples);
+  bool invalid_utf8 = false;
+  try {
+    FileMapping bad(paths[0] + "\xff");
+  } catch (const FastloadError& e) {
+    invalid_utf8 = std::string(e.what()).find("not valid UTF-8") != std::string::npos;
+  }
+  CHECK(invalid_utf8);
+}
+
+void test_held_open(const fs::path& dataset) {
+  const std::string path = shard_paths(dataset)[2];
+  // Another reader (sharing reads, as py-lmdb's read-only open does) does not stop us.
+  while_held(path, "read", [&] {
+    const ShardSet shards({path}, {kSamples - 2 * kPerShard});
+    CHECK(shards.total_records() == kSamples - 2 * kPerShard);
+  });
+  // A writer does: a loud error naming the file, not a read of a changing file.
+  while_held(path, "write", [&] {
+    bool refused = false;
+    try {
+      FileMapping m(path);
+    } catch (const CorruptShardError& e) {
+      const std::string what = e.what();
+      refused = what.find("another process") != std::string::npos && what.find("shard-00002") != std::string::npos;
+    }
+    CHECK(refused);
+  });
+}
+
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#ifdef _WIN32
+  if (argc == 4 && std::string(argv[1]) == "--hold") {
+    const bool write = std::string(argv[2]) == "write";
+    return hold_file(utf8_to_wide(argv[3]), write ? GENERIC_READ | GENERIC_WRITE : GENERIC_READ,
+                     write ? FILE_SHARE_READ : FILE_SHARE_READ | FILE_SHARE_WRITE);
+  }
+#endif
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: shard_tests DIR (written by scripts/cross_test_shards.py)\n");
+    return 2;
+  }
+  const fs::path dir = from_utf8(argv[1]);
+  const fs::path dataset = dir / "dataset";
+  const fs::path scratch = dir / "scratch";
+  fs::remove_all(scratch);
+  fs::create_directories(scratch);
+  try {
+    const std::vector<uint64_t> order = test_order(dir);
+    test_threaded_read(dataset, order);
+    test_damaged_copies(dataset, scratch);
+    test_file_system(dataset, scratch);
+#ifdef _WIN32
+    test_windows_paths(dataset);
+    test_held_open(dataset);
+#endif
+  } catch (const std::exception& e) {
+    std::printf("FAIL: unexpected exception: %s\n", e.what());
+    ++failures;
+  }
+  fs::remove_all(scratch);
+  std::printf("shard_tests: %d checks, %d failed\n", checks, failures);
+  return failures == 0 ? 0 : 1;
+}
