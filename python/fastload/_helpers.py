@@ -111,6 +111,7 @@ def create_dataloader(
     rank: int | None = None,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     force_workers_on_windows: bool = False,
+    multiprocessing_context: str | None = None,
 ) -> EpochDataLoader:
     """Return a ``DataLoader`` set up the way careful training code does it, for any map-style Dataset.
 
@@ -119,6 +120,8 @@ def create_dataloader(
     a seeded ``DistributedSampler`` splits the data (call ``set_epoch``);
     ``pin_memory`` only with CUDA; ``persistent_workers`` and
     ``prefetch_factor`` only with workers; on Windows no workers unless forced.
+    ``multiprocessing_context`` (e.g. ``"spawn"``, as on Windows) is the
+    workers' start method; ``None`` keeps the platform's default.
     """
     if seed is None:
         seed = int(torch.initial_seed() % 2**63)
@@ -136,6 +139,8 @@ def create_dataloader(
     if num_workers > 0:
         kwargs["persistent_workers"] = True if persistent_workers == "auto" else bool(persistent_workers)
         kwargs["prefetch_factor"] = 2 if prefetch_factor in ("auto", None) else prefetch_factor
+        if multiprocessing_context is not None:
+            kwargs["multiprocessing_context"] = multiprocessing_context
     rank, world_size = resolve_distributed(rank, world_size)
     sampler: DistributedSampler | None = None
     if world_size > 1:

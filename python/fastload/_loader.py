@@ -126,6 +126,11 @@ class ShardLoader:
     space and a ``fastload.mix`` samples its datasets by weight. Every policy
     is a pure function of ``(seed, epoch, position)``, so all of the above
     (backends, threads, ranks, resume) holds for it too.
+
+    ``multiprocessing_context`` is the start method of ``backend="torch"``'s
+    workers: ``None`` forks on Linux and takes the platform's default
+    elsewhere (``spawn`` on Windows and macOS); ``"spawn"`` starts them as
+    Windows does, on any platform.
     """
 
     def __init__(
@@ -158,6 +163,7 @@ class ShardLoader:
         layout: str | Mapping[str, str] = "chw",
         batch_transform: BatchTransform | None = None,
         output: Sequence[str] | None = None,
+        multiprocessing_context: str | None = None,
     ) -> None:
         if split is not None:  # a dataset root with splits.json: pick one split's directory
             if not isinstance(path_or_dataset, (str, os.PathLike)):
@@ -222,7 +228,8 @@ class ShardLoader:
             "persistent_workers": persistent_workers, "rank": rank, "world_size": world_size,
             "even_batches": even_batches, "device": device, "indices": indices, "sample_weights": sample_weights,
             "num_samples": num_samples, "replacement": replacement, "transforms": transforms,
-            "layout": layout, "batch_transform": batch_transform, "output": output}
+            "layout": layout, "batch_transform": batch_transform, "output": output,
+            "multiprocessing_context": multiprocessing_context}
         if self.backend == "torch":
             self.num_workers = workers_for_platform(num_workers)
             if self.num_workers < 0:
@@ -230,7 +237,8 @@ class ShardLoader:
             self._init_kwargs["num_workers"] = self.num_workers
             self._sampler = OrderBatchSampler(self._order(0), self._plan(0, 0, warn=False))
             self._dataloader = make_dataloader(self.dataset, self._sampler, self.num_workers, self.pin_memory, seed,
-                                               prefetch_factor, persistent_workers, self.augment)
+                                               prefetch_factor, persistent_workers, self.augment,
+                                               multiprocessing_context)
 
     # ---- distributed settings -----------------------------------------------------------------
 

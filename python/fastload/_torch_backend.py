@@ -106,13 +106,19 @@ def workers_for_platform(num_workers: int | str) -> int:
 
 def make_dataloader(dataset: ShardDataset | ConcatShardDataset, sampler: OrderBatchSampler, num_workers: int,
                     pin_memory: bool, seed: int, prefetch_factor: int | None, persistent_workers: bool,
-                    augment: Augment | None = None) -> DataLoader:
-    """Return the DataLoader that serves ``backend="torch"``."""
+                    augment: Augment | None = None, multiprocessing_context: str | None = None) -> DataLoader:
+    """Return the DataLoader that serves ``backend="torch"``.
+
+    Workers start with ``multiprocessing_context`` when given, else by fork on
+    Linux and the platform's default (spawn) elsewhere.
+    """
     kwargs: dict = {}
     if num_workers > 0:
         kwargs = {"prefetch_factor": prefetch_factor or 2, "persistent_workers": persistent_workers,
                   "worker_init_fn": seed_worker}
-        if platform.system() == "Linux":
+        if multiprocessing_context is not None:
+            kwargs["multiprocessing_context"] = multiprocessing_context
+        elif platform.system() == "Linux":
             kwargs["multiprocessing_context"] = "fork"
     generator = torch.Generator()
     generator.manual_seed(seed & (2**63 - 1))
