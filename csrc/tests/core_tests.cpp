@@ -19,9 +19,11 @@ using namespace fastload;
 namespace {
 
 int failures = 0;
+int checks = 0;
 
 #define CHECK(cond)                                                   \
   do {                                                                \
+    ++checks;                                                         \
     if (!(cond)) {                                                    \
       std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);     \
       ++failures;                                                     \
@@ -156,6 +158,6 @@ int main() {
   test_slot_pool();
   test_round_trip_and_truncation();
   test_permutation();
-  if (failures == 0) std::printf("core_tests: all passed\n");
+  std::printf("core_tests: %d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -231,6 +231,10 @@ void test_file_system(const fs::path& dataset, const fs::path& scratch) {
   for (const auto& p : paths) {
     fs::permissions(from_utf8(p), fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
                     fs::perm_options::remove);
+#ifdef _WIN32
+    const DWORD attributes = GetFileAttributesW(utf8_to_wide(p).c_str());
+    CHECK(attributes != INVALID_FILE_ATTRIBUTES && (attributes & FILE_ATTRIBUTE_READONLY) != 0);
+#endif
     sizes.push_back(fs::file_size(from_utf8(p)));
     times.push_back(fs::last_write_time(from_utf8(p)));
   }

@@ -234,9 +234,12 @@ def python_walk(b: Any, expected: int) -> dict[str, int]:
 
 
 def open_regular(path: str) -> int:
-    """Open ``path`` read-only without blocking (a FIFO never waits) and check it is a non-empty regular file."""
+    """Open ``path`` read-only without blocking (a FIFO never waits) and check it is a non-empty regular file.
+
+    Windows has no ``O_NONBLOCK`` (nor FIFOs in the file system): the flag is used where it exists.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
     except FileNotFoundError:
         raise ShardNotFoundError(path) from None
     except OSError as err:
