@@ -24,6 +24,9 @@ if(_missing)
     "  macOS:         brew install zstd xxhash\n"
     "  conda:         conda install -c conda-forge zstd xxhash\n"
     "  vcpkg:         vcpkg install zstd xxhash\n"
+    "  Windows:       vcpkg install zstd:x64-windows-static-md xxhash:x64-windows-static-md, then\n"
+    "                 pip install . -C cmake.define.CMAKE_PREFIX_PATH=<vcpkg>/installed/x64-windows-static-md\n"
+    "                 (README.md, \"Building on Windows\")\n"
     "(or point CMAKE_PREFIX_PATH at where they are installed).\n")
 endif()
 

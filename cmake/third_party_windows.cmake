@@ -12,7 +12,10 @@
 #   lib      PyPI sdist            bundled as
 #   zstd     zstandard 0.23.0      zstd/zstd.c (single-file zstd 1.5.6) + headers
 #   xxHash   xxhash 3.5.0          deps/xxhash/xxhash.{c,h} (xxHash 0.8.2)
-# (LMDB is not needed: the core reads shards without liblmdb.)
+#   LMDB     lmdb 3.0.0            lib/mdb.c, midl.c (LMDB 0.9.36, without py-lmdb's patches)
+# The core reads shards without liblmdb: LMDB is built only for
+# csrc/tests/lmdb_readonly_tests.cpp, which checks py-lmdb's read-only
+# opening of shards on Windows.
 
 enable_language(C)
 set(FASTLOAD_DOWNLOAD_PYTHON "python3" CACHE STRING "A Python with pip, used to download the source archives")
@@ -65,6 +68,14 @@ target_compile_definitions(fastload_zstd PRIVATE ZSTD_DISABLE_ASM ZSTD_LEGACY_SU
 
 add_library(fastload_xxhash STATIC "${_xxhash}/deps/xxhash/xxhash.c")
 target_include_directories(fastload_xxhash SYSTEM PUBLIC "${_xxhash}/deps/xxhash")
+
+fastload_third_party_source(_lmdb lmdb 3.0.0
+  06dda0723545e14d56ac7dcd6f582d9922c2ed5e16f1c3f8d0e670a96ec2ee65
+  lmdb-3.0.0/lib/*)
+add_library(fastload_lmdb STATIC "${_lmdb}/lib/mdb.c" "${_lmdb}/lib/midl.c")
+target_include_directories(fastload_lmdb SYSTEM PUBLIC "${_lmdb}/lib")
+find_package(Threads REQUIRED)
+target_link_libraries(fastload_lmdb PUBLIC Threads::Threads)
 
 add_library(fastload_deps INTERFACE)
 target_link_libraries(fastload_deps INTERFACE fastload_zstd fastload_xxhash)

@@ -5,11 +5,14 @@
 //
 // checked_add / checked_mul return false on overflow (the output is then
 // unspecified); add_or_throw / mul_or_throw throw DecodeError naming `what`.
-// All functions are pure and thread-safe.
+// All functions are pure and thread-safe. GCC and Clang use their overflow
+// builtins; other compilers (MSVC) the portable versions below, which
+// core_tests checks against the builtins.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -18,15 +21,36 @@
 namespace fastload {
 
 template <typename T>
+[[nodiscard]] constexpr bool portable_checked_add(T a, T b, T* out) noexcept {
+  *out = static_cast<T>(a + b);  // unsigned: wraps modulo 2^bits
+  return *out >= a;
+}
+
+template <typename T>
+[[nodiscard]] constexpr bool portable_checked_mul(T a, T b, T* out) noexcept {
+  if (a != 0 && b > std::numeric_limits<T>::max() / a) return false;
+  *out = static_cast<T>(a * b);
+  return true;
+}
+
+template <typename T>
 [[nodiscard]] constexpr bool checked_add(T a, T b, T* out) noexcept {
   static_assert(std::is_unsigned_v<T>, "checked_add is for unsigned sizes");
+#if defined(__GNUC__) || defined(__clang__)
   return !__builtin_add_overflow(a, b, out);
+#else
+  return portable_checked_add(a, b, out);
+#endif
 }
 
 template <typename T>
 [[nodiscard]] constexpr bool checked_mul(T a, T b, T* out) noexcept {
   static_assert(std::is_unsigned_v<T>, "checked_mul is for unsigned sizes");
+#if defined(__GNUC__) || defined(__clang__)
   return !__builtin_mul_overflow(a, b, out);
+#else
+  return portable_checked_mul(a, b, out);
+#endif
 }
 
 // a + b, or DecodeError("<what>: size overflow").

@@ -5,6 +5,7 @@
 
 #include "checked_math.h"
 #include "errors.h"
+#include "platform/platform.h"
 
 namespace fastload {
 namespace {
@@ -70,7 +71,7 @@ void ShardSet::prefetch(uint64_t global_index) const noexcept {
   // The header and the first lines of the payload; the hardware prefetcher
   // follows the rest of a long record once the copy streams through it.
   const size_t bytes = std::min<size_t>(size, kPrefetchBytes);
-  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(data + off, 0, 0);
+  for (size_t off = 0; off < bytes; off += 64) prefetch_for_read(data + off);
 }
 
 }  // namespace fastload

@@ -5,6 +5,8 @@
 //   - file_mapping.h: FileMapping, a whole file mapped read-only (open, size
 //     and type checks, the mapping);
 //   - name_this_thread: names the calling thread for debuggers and profilers;
+//   - prefetch_for_read: the compiler's cache prefetch hint (GCC/Clang
+//     builtin, MSVC intrinsic), or nothing;
 //   - utf8_to_wide (Windows only): paths arrive as UTF-8 from Python and are
 //     opened with the wide-character API, so non-ASCII names work whatever the
 //     process's code page.
@@ -14,7 +16,23 @@
 
 #include <string>
 
+#if !defined(__GNUC__) && !defined(__clang__) && defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#include <xmmintrin.h>
+#endif
+
 namespace fastload {
+
+// Asks the CPU to start loading the cache line at `p` for a read soon. No
+// effect on results; a no-op where the compiler offers no hint.
+inline void prefetch_for_read(const void* p) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 0, 0);
+#elif defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+  _mm_prefetch(static_cast<const char*>(p), _MM_HINT_NTA);
+#else
+  (void)p;
+#endif
+}
 
 // Names the calling thread (Linux: at most 15 bytes are kept; Windows 10+:
 // SetThreadDescription when the system has it). Best effort, never throws.

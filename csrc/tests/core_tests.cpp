@@ -5,10 +5,12 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "checked_math.h"
 #include "errors.h"
 #include "permutation.h"
 #include "record_decoder.h"
@@ -152,10 +154,32 @@ void test_slot_pool() {
   CHECK(split && split->field_data.size() == 3 && split->field_data[0] == f0.data() && !split->field_data[1]);
 }
 
+// The portable overflow checks (used where the compiler has no builtins:
+// MSVC) agree with the builtins on the edges.
+template <typename T>
+void check_portable_math() {
+  const T max = std::numeric_limits<T>::max();
+  const T values[] = {0, 1, 2, 3, static_cast<T>(max / 2), static_cast<T>(max / 2 + 1), static_cast<T>(max / 3),
+                      static_cast<T>(max - 1), max};
+  for (T a : values) {
+    for (T b : values) {
+      T x{}, y{};
+      CHECK(portable_checked_add(a, b, &x) == checked_add(a, b, &y));
+      if (checked_add(a, b, &y)) CHECK(portable_checked_add(a, b, &x) && x == y);
+      CHECK(portable_checked_mul(a, b, &x) == checked_mul(a, b, &y));
+      if (checked_mul(a, b, &y)) CHECK(portable_checked_mul(a, b, &x) && x == y);
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   test_slot_pool();
+  check_portable_math<uint8_t>();
+  check_portable_math<uint16_t>();
+  check_portable_math<uint32_t>();
+  check_portable_math<uint64_t>();
   test_round_trip_and_truncation();
   test_permutation();
   std::printf("core_tests: %d checks, %d failed\n", checks, failures);
