@@ -82,6 +82,7 @@ test-windows-core: install
 	$(WINE_ENV) wine $(WINDOWS_BUILD)/core_tests.exe
 	$(WINE_ENV) wine $(WINDOWS_BUILD)/shard_tests.exe "$$($(WINE_ENV) winepath -w $(SHARD_TEST_DIR))"
 	$(WINE_ENV) wine $(WINDOWS_BUILD)/lmdb_readonly_tests.exe "$$($(WINE_ENV) winepath -w $(SHARD_TEST_DIR))"
+	$(WINE_ENV) wineserver -w
 
 test-asan: install
 	$(PY) -m pip install -q --no-build-isolation --no-deps --upgrade --target $(ASAN_SITE) \
