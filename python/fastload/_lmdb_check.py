@@ -239,7 +239,8 @@ def open_regular(path: str) -> int:
     Windows has no ``O_NONBLOCK`` (nor FIFOs in the file system): the flag is used where it exists.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise ShardNotFoundError(path) from None
     except OSError as err:
