@@ -80,6 +80,7 @@ test-windows-core: install
 	    -DFASTLOAD_THIRD_PARTY_FROM_SOURCE=ON -DFASTLOAD_DOWNLOAD_PYTHON=$(abspath $(PY)) >/dev/null
 	$(VENV)/bin/cmake --build $(WINDOWS_BUILD) -j2 >/dev/null
 	$(WINE_ENV) wine $(WINDOWS_BUILD)/core_tests.exe
+	$(WINE_ENV) wine $(WINDOWS_BUILD)/transform_tests.exe
 	$(WINE_ENV) wine $(WINDOWS_BUILD)/shard_tests.exe "$$($(WINE_ENV) winepath -w $(SHARD_TEST_DIR))"
 	$(WINE_ENV) wine $(WINDOWS_BUILD)/lmdb_readonly_tests.exe "$$($(WINE_ENV) winepath -w $(SHARD_TEST_DIR))"
 	$(WINE_ENV) wineserver -w
