@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <string>
 
+#include "checked_math.h"
 #include "errors.h"
 #include "platform/platform.h"
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 namespace fastload {
 namespace {
@@ -13,7 +18,19 @@ constexpr size_t kAlign = 64;
 // A chunk decodes at least this many output bytes (or one sample), so that
 // claiming it costs little next to the work, whatever the thread count.
 constexpr size_t kMinChunkBytes = 64 * 1024;
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Physical memory in bytes, or SIZE_MAX where the platform does not say.
+size_t physical_memory() noexcept {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  size_t total = 0;
+  if (pages > 0 && page > 0 && checked_mul(static_cast<size_t>(pages), static_cast<size_t>(page), &total)) {
+    return total;
+  }
+#endif
+  return SIZE_MAX;
+}
 
 uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
   return static_cast<uint64_t>(
@@ -74,10 +91,24 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
       throw FastloadError("BatchReader: transforms on field " + std::to_string(f) + ", which is not decoded");
     }
     sample_bytes_.push_back(transformed ? transforms_->out_bytes(f) : fields_[f].decoded_bytes);
+  }
+  // Validates the schema (item sizes, the sample-size bound) before any size is derived from it.
+  decoder_options_ = DecoderOptions{verify_, options.max_sample_bytes};
+  const RecordDecoder schema_check(fields_, decoder_options_);
+  const std::string what = "BatchReader: batch slot of " + std::to_string(capacity_) + " samples";
+  for (size_t f = 0; f < fields_.size(); ++f) {
     offsets_.push_back(slot_bytes_);
-    if (decode_[f]) slot_bytes_ = align_up(slot_bytes_ + capacity_ * static_cast<size_t>(sample_bytes_[f]));
+    if (!decode_[f]) continue;
+    const auto bytes = static_cast<size_t>(sample_bytes_[f]);
+    const size_t field_bytes = mul_or_raise<FastloadError>(capacity_, bytes, what);
+    const size_t end = add_or_raise<FastloadError>(slot_bytes_, field_bytes, what);
+    slot_bytes_ = align_up_or_raise<FastloadError>(end, kAlign, what);
   }
   slot_bytes_ = std::max(slot_bytes_, kAlign);
+  if (slot_bytes_ > physical_memory()) {
+    throw FastloadError(what + " needs " + std::to_string(slot_bytes_) + " bytes, more than this machine's memory (" +
+                        std::to_string(physical_memory()) + " bytes)");
+  }
   // Enough chunks per batch that every thread has several to take, but no
   // chunk under kMinChunkBytes of output: with many threads and small
   // records, tiny chunks cost more to hand out than to decode.
@@ -206,7 +237,7 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
 }
 
 void BatchReader::worker_main() {
-  RecordDecoder decoder(fields_, verify_);
+  RecordDecoder decoder(fields_, decoder_options_);
   Scratch scratch;
   if (transforms_) {
     scratch.decoded.resize(fields_.size());

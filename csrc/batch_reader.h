@@ -22,6 +22,9 @@
 // size when a TransformPipeline changes the field: its steps run on each
 // sample between decoding (into per-thread scratch) and the slot, with the
 // sample's parameters given to submit().
+// Every size here is computed with checked arithmetic; a slot that would wrap
+// around or exceed the machine's physical memory is a FastloadError from the
+// constructor, before anything is allocated.
 //
 // Thread safety: submit(), wait_next(), close() and the destructor belong to
 // the consumer thread; stats() may be called from any thread. close() is
@@ -63,6 +66,7 @@ struct ReaderOptions {
   // Optional: every sample's fields go through it (decoded into per-thread
   // scratch first); the slot then holds the transformed fields.
   std::shared_ptr<const TransformPipeline> transforms;
+  uint64_t max_sample_bytes = kDefaultMaxSampleBytes;  // a larger schema is refused
 };
 
 struct ReaderStats {
@@ -136,6 +140,7 @@ class BatchReader {
   size_t slot_bytes_ = 0;
   size_t chunk_size_ = 1;
   bool verify_;
+  DecoderOptions decoder_options_;
   std::shared_ptr<SlotPool> pool_;
 
   mutable std::mutex mutex_;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "batch_reader.h"
+#include "checked_math.h"
 #include "errors.h"
 #include "floors.h"
 #include "permutation.h"
@@ -117,7 +118,7 @@ class PyBatchReader {
   PyBatchReader(std::shared_ptr<const ShardSet> shards, const std::vector<FieldTuple>& fields,
                 std::vector<py::dtype> dtypes, std::vector<std::vector<py::ssize_t>> shapes, std::vector<bool> decode,
                 size_t batch_capacity, size_t num_threads, bool verify, uint32_t sample_delay_us,
-                const std::vector<StepTuple>& steps, size_t num_params)
+                const std::vector<StepTuple>& steps, size_t num_params, uint64_t max_sample_bytes)
       : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)), num_params_(num_params) {
     if (dtypes_.size() != fields.size() || shapes_.size() != fields.size() || decode.size() != fields.size()) {
       throw py::value_error("fields, dtypes, shapes and decode differ in length");
@@ -127,8 +128,23 @@ class PyBatchReader {
     auto specs = to_specs(fields);
     ReaderOptions options{batch_capacity, num_threads, verify, std::move(decode), sample_delay_us,
                           to_pipeline(steps, specs, num_params)};
-    py::gil_scoped_release release;
-    reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), std::move(options));
+    options.max_sample_bytes = max_sample_bytes;
+    {
+      py::gil_scoped_release release;
+      reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), std::move(options));
+    }
+    for (size_t f = 0; f < dtypes_.size(); ++f) {  // the arrays next() builds must lie inside their field's area
+      uint64_t bytes = static_cast<uint64_t>(dtypes_[f].itemsize());
+      for (py::ssize_t d : shapes_[f]) {
+        if (d < 0 || !checked_mul(bytes, static_cast<uint64_t>(d), &bytes)) bytes = UINT64_MAX;
+      }
+      if (bytes != reader_->sample_bytes(f)) {
+        const size_t expected = reader_->sample_bytes(f);
+        reader_.reset();
+        throw py::value_error("BatchReader: field " + std::to_string(f) + "'s shape and dtype make " +
+                              std::to_string(bytes) + " bytes, its decoded size is " + std::to_string(expected));
+      }
+    }
   }
 
   ~PyBatchReader() {
@@ -310,6 +326,7 @@ void decode_record(const py::buffer& record, const std::vector<FieldTuple>& fiel
                    bool verify) {
   if (out.size() != fields.size()) throw py::value_error("decode_record: one output buffer per field");
   auto specs = to_specs(fields);
+  RecordDecoder decoder(specs, verify);  // validates the schema and its sizes first
   py::buffer_info in = record.request();
   std::vector<py::buffer_info> infos;
   std::vector<uint8_t*> dest;
@@ -321,7 +338,6 @@ void decode_record(const py::buffer& record, const std::vector<FieldTuple>& fiel
     dest.push_back(static_cast<uint8_t*>(infos.back().ptr));
   }
   py::gil_scoped_release release;
-  RecordDecoder decoder(std::move(specs), verify);
   try {
     decoder.decode(static_cast<const uint8_t*>(in.ptr), static_cast<size_t>(in.size * in.itemsize), dest.data());
   } catch (const DecodeError& e) {
@@ -347,7 +363,12 @@ void decode_records(const py::buffer& blob, const py::array_t<uint64_t, py::arra
   std::vector<uint8_t*> dest;
   for (size_t f = 0; f < out.size(); ++f) {
     infos.push_back(out[f].request(true));
-    if (static_cast<uint64_t>(infos.back().size * infos.back().itemsize) < count * specs[f].decoded_bytes) {
+    uint64_t needed = 0;
+    if (!checked_mul(count, specs[f].decoded_bytes, &needed)) {
+      throw py::value_error("decode_records: " + std::to_string(count) + " records of field " + std::to_string(f) +
+                            " (" + std::to_string(specs[f].decoded_bytes) + " bytes each): size overflow");
+    }
+    if (static_cast<uint64_t>(infos.back().size * infos.back().itemsize) < needed) {
       throw py::value_error("decode_records: output buffer " + std::to_string(f) + " is too small");
     }
     dest.push_back(static_cast<uint8_t*>(infos.back().ptr));
@@ -409,6 +430,7 @@ PYBIND11_MODULE(_native, m) {
       "Validates a shard file's whole LMDB structure (CorruptShardError if unsound); returns a summary.");
   m.attr("RECORD_MAGIC") = kRecordMagic;
   m.attr("RECORD_VERSION") = kRecordVersion;
+  m.attr("DEFAULT_MAX_SAMPLE_BYTES") = kDefaultMaxSampleBytes;
 
   py::class_<ShardSet, std::shared_ptr<ShardSet>>(m, "ShardSet", "The shards of one dataset, mapped and validated.")
       .def(py::init([](const std::vector<std::string>& paths, const std::vector<uint64_t>& counts) {
@@ -424,11 +446,11 @@ PYBIND11_MODULE(_native, m) {
   py::class_<PyBatchReader>(m, "BatchReader", "Worker threads decoding batches into pooled buffers.")
       .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,
                     std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool, uint32_t,
-                    const std::vector<StepTuple>&, size_t>(),
+                    const std::vector<StepTuple>&, size_t, uint64_t>(),
            py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("decode"),
            py::arg("batch_capacity"), py::arg("num_threads"), py::arg("verify") = true,
            py::arg("sample_delay_us") = 0, py::arg("transforms") = std::vector<StepTuple>{},
-           py::arg("num_params") = 0)
+           py::arg("num_params") = 0, py::arg("max_sample_bytes") = kDefaultMaxSampleBytes)
       .def_property_readonly("slot_bytes", [](PyBatchReader& r) { return r.reader().slot_bytes(); })
       .def_property_readonly("num_threads", [](PyBatchReader& r) { return r.reader().num_threads(); })
       .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })

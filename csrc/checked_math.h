@@ -75,3 +75,30 @@ T mul_or_throw(T a, T b, const char* what) {
 }
 
 }  // namespace fastload
+
+namespace fastload {
+
+// a * b, or Error("<what>: size overflow"): for sizes that come from a schema
+// or arguments rather than from a record (Error is usually FastloadError).
+template <typename Error, typename T>
+T mul_or_raise(T a, T b, const std::string& what) {
+  T out{};
+  if (!checked_mul(a, b, &out)) throw Error(what + ": size overflow");
+  return out;
+}
+
+// a + b, or Error("<what>: size overflow").
+template <typename Error, typename T>
+T add_or_raise(T a, T b, const std::string& what) {
+  T out{};
+  if (!checked_add(a, b, &out)) throw Error(what + ": size overflow");
+  return out;
+}
+
+// v rounded up to a multiple of `align` (a power of two), or Error on overflow.
+template <typename Error>
+size_t align_up_or_raise(size_t v, size_t align, const std::string& what) {
+  return add_or_raise<Error>(v, align - 1, what) & ~(align - 1);
+}
+
+}  // namespace fastload

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "checked_math.h"
 #include "errors.h"
 
 namespace fastload {
@@ -61,13 +62,24 @@ void unshuffle_bytes(const uint8_t* src, uint8_t* dst, size_t size, size_t items
 void RecordDecoder::DCtxDeleter::operator()(ZSTD_DCtx_s* ctx) const noexcept { ZSTD_freeDCtx(ctx); }
 
 RecordDecoder::RecordDecoder(std::vector<FieldSpec> fields, bool verify_checksums)
-    : fields_(std::move(fields)), verify_(verify_checksums), dctx_(ZSTD_createDCtx()) {
-  if (!dctx_) throw std::bad_alloc();
-  for (const FieldSpec& f : fields_) {
-    if (f.itemsize == 0 || f.decoded_bytes % f.itemsize != 0) {
-      throw FastloadError("schema: decoded size is not a multiple of the item size");
+    : RecordDecoder(std::move(fields), DecoderOptions{verify_checksums, kDefaultMaxSampleBytes}) {}
+
+RecordDecoder::RecordDecoder(std::vector<FieldSpec> fields, const DecoderOptions& options)
+    : fields_(std::move(fields)), verify_(options.verify_checksums) {
+  if (fields_.size() > UINT16_MAX) throw FastloadError("schema: more than 65535 fields");
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    const FieldSpec& spec = fields_[f];
+    if (spec.itemsize == 0 || spec.decoded_bytes % spec.itemsize != 0) {
+      throw FastloadError("schema: field " + std::to_string(f) + ": decoded size is not a multiple of the item size");
     }
+    sample_bytes_ = add_or_raise<FastloadError>(sample_bytes_, spec.decoded_bytes, "schema: sample size");
   }
+  if (sample_bytes_ > options.max_sample_bytes || sample_bytes_ > SIZE_MAX) {
+    throw FastloadError("schema: a sample of " + std::to_string(sample_bytes_) + " decoded bytes exceeds the limit of " +
+                        std::to_string(options.max_sample_bytes) + " bytes (max_sample_bytes)");
+  }
+  dctx_.reset(ZSTD_createDCtx());
+  if (!dctx_) throw std::bad_alloc();
 }
 
 RecordDecoder::~RecordDecoder() = default;
@@ -107,7 +119,7 @@ void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* des
   if (count != nfields) {
     throw DecodeError("record has " + std::to_string(count) + " fields, schema has " + std::to_string(nfields));
   }
-  const size_t header = kRecordHeaderBytes + kFieldEntryBytes * nfields;
+  const size_t header = add_or_throw(kRecordHeaderBytes, mul_or_throw(kFieldEntryBytes, nfields, "header"), "header");
   if (size < header) throw DecodeError("record truncated inside its header");
 
   // First pass: validate every entry and the total length before writing.
@@ -130,7 +142,7 @@ void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* des
       throw DecodeError(field_text(f) + "raw payload of " + std::to_string(enc) + " bytes, expected " +
                         std::to_string(dec));
     }
-    if (enc > size - header - payload_total) {
+    if (!range_inside(header + payload_total, enc, size)) {
       throw DecodeError(field_text(f) + "length " + std::to_string(enc) + " runs past the end of the record");
     }
     payload_total += static_cast<size_t>(enc);

@@ -6,8 +6,13 @@
 // the destination (or into a per-decoder scratch buffer when the field is
 // byte-shuffled), and the XXH3-64 of the decoded bytes is verified.
 //
+// The schema itself is checked once, in the constructor: every field's
+// decoded size is a multiple of its item size and one sample's decoded bytes
+// (summed with checked arithmetic) stay within `max_sample_bytes`, so no size
+// derived from the schema can wrap around later (FastloadError otherwise).
+//
 // Thread safety: one decoder per thread (it owns a zstd context and scratch).
-// Throws DecodeError with a reason; the caller adds the file and record.
+// decode() throws DecodeError with a reason; the caller adds the file and record.
 #pragma once
 
 #include <cstddef>
@@ -33,12 +38,23 @@ struct FieldSpec {
   uint64_t decoded_bytes;   // product of the shape times itemsize
 };
 
+// The largest sample (all fields' decoded bytes together) a reader accepts by
+// default: 2 GiB. A schema declaring more is refused before any allocation;
+// Python's FASTLOAD_MAX_SAMPLE_BYTES changes the bound (docs/FORMAT.md).
+constexpr uint64_t kDefaultMaxSampleBytes = uint64_t{2} << 30;
+
+struct DecoderOptions {
+  bool verify_checksums = true;
+  uint64_t max_sample_bytes = kDefaultMaxSampleBytes;
+};
+
 // XXH3-64 (seed 0) of a byte range: the record checksum.
 uint64_t checksum(const void* data, size_t size) noexcept;
 
 class RecordDecoder {
  public:
   RecordDecoder(std::vector<FieldSpec> fields, bool verify_checksums);
+  RecordDecoder(std::vector<FieldSpec> fields, const DecoderOptions& options);
   ~RecordDecoder();
   RecordDecoder(const RecordDecoder&) = delete;
   RecordDecoder& operator=(const RecordDecoder&) = delete;
@@ -51,6 +67,9 @@ class RecordDecoder {
 
   const std::vector<FieldSpec>& fields() const noexcept { return fields_; }
 
+  // Decoded bytes of one whole sample (every field), <= max_sample_bytes.
+  uint64_t sample_bytes() const noexcept { return sample_bytes_; }
+
   // Nanoseconds spent inside zstd so far (the rest of decode() is copy and verify).
   uint64_t decompress_ns() const noexcept { return decompress_ns_; }
 
@@ -62,6 +81,7 @@ class RecordDecoder {
 
   std::vector<FieldSpec> fields_;
   bool verify_;
+  uint64_t sample_bytes_ = 0;
   std::unique_ptr<ZSTD_DCtx_s, DCtxDeleter> dctx_;
   std::vector<uint8_t> scratch_;
   uint64_t decompress_ns_ = 0;

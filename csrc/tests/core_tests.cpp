@@ -103,6 +103,29 @@ void test_round_trip_and_truncation() {
   }
 }
 
+bool schema_refused(std::vector<FieldSpec> fields, uint64_t limit) {
+  try {
+    RecordDecoder dec(std::move(fields), DecoderOptions{true, limit});
+  } catch (const FastloadError&) {
+    return true;
+  }
+  return false;
+}
+
+void test_schema_sizes_are_checked() {
+  const uint64_t huge = uint64_t{1} << 63;
+  CHECK(schema_refused({FieldSpec{Codec::kZstd, 1, huge}, FieldSpec{Codec::kZstd, 1, huge}}, UINT64_MAX));
+  CHECK(schema_refused({FieldSpec{Codec::kZstd, 1, uint64_t{1} << 60}}, kDefaultMaxSampleBytes));
+  CHECK(schema_refused({FieldSpec{Codec::kRaw, 1, 600}, FieldSpec{Codec::kRaw, 1, 600}}, 1000));
+  CHECK(schema_refused({FieldSpec{Codec::kRaw, 4, 6}}, 1000));
+  CHECK(!schema_refused({FieldSpec{Codec::kRaw, 1, 500}, FieldSpec{Codec::kRaw, 1, 500}}, 1000));
+  uint64_t out = 0;
+  CHECK(!checked_mul<uint64_t>(16, uint64_t{1} << 60, &out));
+  CHECK(checked_mul<uint64_t>(16, uint64_t{1} << 59, &out) && out == uint64_t{1} << 63);
+  CHECK(!range_inside(10, UINT64_MAX, 20));
+  CHECK(range_inside(10, 10, 20) && !range_inside(11, 10, 20));
+}
+
 void test_permutation() {
   for (uint64_t n : {0ull, 1ull, 2ull, 3ull, 7ull, 100ull, 1000ull, 4097ull}) {
     const Permutation p(42, 3, n);
@@ -181,6 +204,7 @@ int main() {
   check_portable_math<uint32_t>();
   check_portable_math<uint64_t>();
   test_round_trip_and_truncation();
+  test_schema_sizes_are_checked();
   test_permutation();
   std::printf("core_tests: %d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;

@@ -8,6 +8,7 @@ records and ``ShardDataset`` to decode them. The native decoder in
 from __future__ import annotations
 
 import math
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,28 @@ RECORD_MAGIC = b"FLRC"
 RECORD_VERSION = 1
 CODECS = {"raw": 0, "zstd": 1, "zstd-shuffle": 2}
 DEFAULT_ZSTD_LEVEL = 3
+
+MAX_SAMPLE_BYTES_ENV = "FASTLOAD_MAX_SAMPLE_BYTES"
+DEFAULT_MAX_SAMPLE_BYTES = 2 << 30  # 2 GiB: one sample's decoded bytes, all fields together
+
+
+def max_sample_bytes() -> int:
+    """Return the largest sample (decoded bytes of all fields) readers accept: 2 GiB unless configured.
+
+    ``FASTLOAD_MAX_SAMPLE_BYTES`` (a positive integer below 2**63) changes it.
+    A dataset whose schema declares more is refused before anything is allocated.
+    """
+    text = os.environ.get(MAX_SAMPLE_BYTES_ENV, "")
+    if not text:
+        return DEFAULT_MAX_SAMPLE_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < 2**63:
+        raise ValueError(f"{MAX_SAMPLE_BYTES_ENV}={text!r}: expected a positive integer below 2**63")
+    return value
+
 
 _HEADER = struct.Struct("<4sHH")  # magic, version, field count
 _ENTRY = struct.Struct("<B3xIQQ")  # codec, reserved, encoded length, decoded length, xxh3-64
@@ -155,6 +178,11 @@ class RecordEncoder:
             entries.append(_ENTRY.pack(f.codec_id, len(payload), f.nbytes, digest))
             payloads.append(payload)
         return b"".join(entries + payloads)
+
+
+def record_prefix(fields: Sequence[Field], key: int) -> bytes:
+    """Return the fixed header that starts every record of ``fields`` (``key`` is unused in v1)."""
+    return _HEADER.pack(RECORD_MAGIC, RECORD_VERSION, len(fields))
 
 
 def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: bool = True) -> list[np.ndarray]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import xxhash
 
-from ._format import FORMAT_VERSION, Field
+from ._format import FORMAT_VERSION, MAX_SAMPLE_BYTES_ENV, Field, max_sample_bytes
 from .errors import DatasetError
 
 MANIFEST_NAME = "manifest.json"
@@ -144,6 +144,11 @@ def load_manifest(directory: str | os.PathLike) -> Manifest:
         raise
     except (KeyError, TypeError, ValueError) as err:
         raise DatasetError(f"{path}: invalid manifest: {err!r}") from None
+    limit = max_sample_bytes()
+    sample = sum(f.nbytes for f in fields)
+    if sample > limit:
+        raise DatasetError(f"{path}: schema: a sample of {sample} decoded bytes exceeds the limit of {limit} bytes "
+                           f"(set {MAX_SAMPLE_BYTES_ENV} to read larger samples)")
     for s in shards:
         if "/" in s.file or "\\" in s.file or s.file in ("", ".", ".."):
             raise DatasetError(f"{path}: shard file name {s.file!r} must be a plain file name")

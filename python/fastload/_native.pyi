@@ -7,6 +7,7 @@ from numpy.typing import ArrayLike, NDArray
 
 RECORD_MAGIC: int
 RECORD_VERSION: int
+DEFAULT_MAX_SAMPLE_BYTES: int
 
 FieldTuple = tuple[int, int, int]  # codec id, item size, decoded bytes
 # A compiled transform step (fastload.transforms.Step.native): kind, field, in dtype code, in (c, h, w), hwc,
@@ -57,7 +58,7 @@ class BatchReader:
     def __init__(self, shards: ShardSet, fields: Sequence[FieldTuple], dtypes: Sequence[np.dtype],
                  shapes: Sequence[Sequence[int]], decode: Sequence[bool], batch_capacity: int, num_threads: int,
                  verify: bool = True, sample_delay_us: int = 0, transforms: Sequence[StepTuple] = (),
-                 num_params: int = 0) -> None: ...
+                 num_params: int = 0, max_sample_bytes: int = ...) -> None: ...
     @property
     def slot_bytes(self) -> int: ...
     @property
