@@ -15,6 +15,7 @@ from datasets import QUICK, BenchDataset, all_datasets, ensure  # noqa: E402
 
 import fastload  # noqa: E402
 from fastload import _native  # noqa: E402
+from fastload._format import schema_fingerprint  # noqa: E402
 from fastload._order import EpochOrder  # noqa: E402
 
 BATCH = 256
@@ -65,8 +66,9 @@ class Floors:
         blob = np.frombuffer(b"".join(records), dtype=np.uint8)
         fields = dataset.manifest.fields
         outs = [np.ones(self.ds.count * f.nbytes, np.uint8) for f in fields]
-        spec = [(f.codec_id, f.itemsize, f.nbytes) for f in fields]
-        return lambda: _native.decode_records(blob, offsets, spec, outs)
+        spec = [f.native_spec for f in fields]
+        version, fingerprint = dataset.manifest.format_version, schema_fingerprint(fields)
+        return lambda: _native.decode_records(blob, offsets, spec, outs, version=version, fingerprint=fingerprint)
 
     def make_lookup(self):
         """Look up every sample in LMDB in the epoch's shuffled order, no decoding."""

@@ -93,7 +93,8 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
     sample_bytes_.push_back(transformed ? transforms_->out_bytes(f) : fields_[f].decoded_bytes);
   }
   // Validates the schema (item sizes, the sample-size bound) before any size is derived from it.
-  decoder_options_ = DecoderOptions{verify_, options.max_sample_bytes};
+  decoder_options_ =
+      DecoderOptions{verify_, options.max_sample_bytes, options.record_version, options.schema_fingerprint};
   const RecordDecoder schema_check(fields_, decoder_options_);
   const std::string what = "BatchReader: batch slot of " + std::to_string(capacity_) + " samples";
   for (size_t f = 0; f < fields_.size(); ++f) {
@@ -317,7 +318,7 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scra
     }
     t0 = std::chrono::steady_clock::now();
     try {
-      decoder.decode(data, size, dest.data());
+      decoder.decode(data, size, dest.data(), key);
     } catch (const DecodeError& err) {
       throw CorruptRecordError(shards_->shard(shard).path(), key, err.what());
     }

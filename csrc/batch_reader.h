@@ -67,6 +67,8 @@ struct ReaderOptions {
   // scratch first); the slot then holds the transformed fields.
   std::shared_ptr<const TransformPipeline> transforms;
   uint64_t max_sample_bytes = kDefaultMaxSampleBytes;  // a larger schema is refused
+  uint16_t record_version = kRecordVersion;            // the manifest's format_version
+  uint64_t schema_fingerprint = 0;                     // v2: what every record must carry
 };
 
 struct ReaderStats {

@@ -36,15 +36,19 @@ namespace {
 
 constexpr int kSignalPollMs = 50;
 
-using FieldTuple = std::tuple<int, uint32_t, uint64_t>;  // codec id, itemsize, decoded bytes
+// (codec id, itemsize, decoded bytes[, is bool]): one field as Python describes it.
+using FieldTuple = py::tuple;
 
 std::vector<FieldSpec> to_specs(const std::vector<FieldTuple>& fields) {
   std::vector<FieldSpec> specs;
-  for (const auto& [codec, itemsize, decoded] : fields) {
+  for (const py::tuple& t : fields) {
+    if (t.size() != 3 && t.size() != 4) throw py::value_error("a field is (codec id, itemsize, decoded bytes[, bool])");
+    const auto codec = t[0].cast<int>();
     if (codec < 0 || codec > static_cast<int>(Codec::kZstdShuffle)) {
       throw py::value_error("unknown codec id " + std::to_string(codec));
     }
-    specs.push_back(FieldSpec{static_cast<Codec>(codec), itemsize, decoded});
+    const bool boolean = t.size() == 4 && t[3].cast<bool>();
+    specs.push_back(FieldSpec{static_cast<Codec>(codec), t[1].cast<uint32_t>(), t[2].cast<uint64_t>(), boolean});
   }
   return specs;
 }
@@ -118,7 +122,8 @@ class PyBatchReader {
   PyBatchReader(std::shared_ptr<const ShardSet> shards, const std::vector<FieldTuple>& fields,
                 std::vector<py::dtype> dtypes, std::vector<std::vector<py::ssize_t>> shapes, std::vector<bool> decode,
                 size_t batch_capacity, size_t num_threads, bool verify, uint32_t sample_delay_us,
-                const std::vector<StepTuple>& steps, size_t num_params, uint64_t max_sample_bytes)
+                const std::vector<StepTuple>& steps, size_t num_params, uint64_t max_sample_bytes,
+                uint16_t record_version, uint64_t schema_fingerprint)
       : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)), num_params_(num_params) {
     if (dtypes_.size() != fields.size() || shapes_.size() != fields.size() || decode.size() != fields.size()) {
       throw py::value_error("fields, dtypes, shapes and decode differ in length");
@@ -129,6 +134,8 @@ class PyBatchReader {
     ReaderOptions options{batch_capacity, num_threads, verify, std::move(decode), sample_delay_us,
                           to_pipeline(steps, specs, num_params)};
     options.max_sample_bytes = max_sample_bytes;
+    options.record_version = record_version;
+    options.schema_fingerprint = schema_fingerprint;
     {
       py::gil_scoped_release release;
       reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), std::move(options));
@@ -323,10 +330,10 @@ py::array_t<uint64_t> permutation_slice(uint64_t seed, uint64_t epoch, uint64_t 
 }
 
 void decode_record(const py::buffer& record, const std::vector<FieldTuple>& fields, const std::vector<py::buffer>& out,
-                   bool verify) {
+                   bool verify, uint16_t version, uint64_t fingerprint, std::optional<uint64_t> key) {
   if (out.size() != fields.size()) throw py::value_error("decode_record: one output buffer per field");
   auto specs = to_specs(fields);
-  RecordDecoder decoder(specs, verify);  // validates the schema and its sizes first
+  RecordDecoder decoder(specs, DecoderOptions{verify, kDefaultMaxSampleBytes, version, fingerprint});  // checks the schema
   py::buffer_info in = record.request();
   std::vector<py::buffer_info> infos;
   std::vector<uint8_t*> dest;
@@ -339,14 +346,16 @@ void decode_record(const py::buffer& record, const std::vector<FieldTuple>& fiel
   }
   py::gil_scoped_release release;
   try {
-    decoder.decode(static_cast<const uint8_t*>(in.ptr), static_cast<size_t>(in.size * in.itemsize), dest.data());
+    decoder.decode(static_cast<const uint8_t*>(in.ptr), static_cast<size_t>(in.size * in.itemsize), dest.data(),
+                   key.value_or(kAnyKey));
   } catch (const DecodeError& e) {
     throw CorruptRecordError("<buffer>", 0, e.what());
   }
 }
 
 void decode_records(const py::buffer& blob, const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& offsets,
-                    const std::vector<FieldTuple>& fields, const std::vector<py::buffer>& out, bool verify) {
+                    const std::vector<FieldTuple>& fields, const std::vector<py::buffer>& out, bool verify,
+                    uint16_t version, uint64_t fingerprint) {
   auto specs = to_specs(fields);
   if (out.size() != specs.size()) throw py::value_error("decode_records: one output buffer per field");
   if (offsets.size() < 1) throw py::value_error("decode_records: offsets needs at least one entry");
@@ -374,7 +383,8 @@ void decode_records(const py::buffer& blob, const py::array_t<uint64_t, py::arra
     dest.push_back(static_cast<uint8_t*>(infos.back().ptr));
   }
   py::gil_scoped_release release;
-  decode_all(static_cast<const uint8_t*>(in.ptr), bounds, specs, dest, verify);
+  decode_all(static_cast<const uint8_t*>(in.ptr), bounds, specs, dest,
+             DecoderOptions{verify, kDefaultMaxSampleBytes, version, fingerprint});
 }
 
 uint64_t lookup_records(const ShardSet& shards, const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices) {
@@ -404,9 +414,12 @@ PYBIND11_MODULE(_native, m) {
         "The samples at the given positions of the epoch order (docs/ORDER.md, v1).");
   m.def("mix64", &mix64, py::arg("z"), "SplitMix64's finaliser, as used by the epoch order.");
   m.def("decode_record", &decode_record, py::arg("record"), py::arg("fields"), py::arg("out"),
-        py::arg("verify") = true, "Decodes one record into one writable buffer per field.");
+        py::arg("verify") = true, py::arg("version") = kRecordVersion, py::arg("fingerprint") = 0,
+        py::arg("key") = py::none(),
+        "Decodes one record into one writable buffer per field (v2: checks the fingerprint, and the key if given).");
   m.def("decode_records", &decode_records, py::arg("blob"), py::arg("offsets"), py::arg("fields"), py::arg("out"),
-        py::arg("verify") = true, "Decodes records laid end to end in one thread (a benchmark floor).");
+        py::arg("verify") = true, py::arg("version") = kRecordVersion, py::arg("fingerprint") = 0,
+        "Decodes records laid end to end in one thread (a benchmark floor; keys are not checked).");
   m.def("lookup_records", &lookup_records, py::arg("shards"), py::arg("indices"),
         "Looks records up in the shards in one thread without decoding; returns their total bytes (a floor).");
   m.def(
@@ -446,11 +459,12 @@ PYBIND11_MODULE(_native, m) {
   py::class_<PyBatchReader>(m, "BatchReader", "Worker threads decoding batches into pooled buffers.")
       .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,
                     std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool, uint32_t,
-                    const std::vector<StepTuple>&, size_t, uint64_t>(),
+                    const std::vector<StepTuple>&, size_t, uint64_t, uint16_t, uint64_t>(),
            py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("decode"),
            py::arg("batch_capacity"), py::arg("num_threads"), py::arg("verify") = true,
            py::arg("sample_delay_us") = 0, py::arg("transforms") = std::vector<StepTuple>{},
-           py::arg("num_params") = 0, py::arg("max_sample_bytes") = kDefaultMaxSampleBytes)
+           py::arg("num_params") = 0, py::arg("max_sample_bytes") = kDefaultMaxSampleBytes,
+           py::arg("record_version") = kRecordVersion, py::arg("schema_fingerprint") = 0)
       .def_property_readonly("slot_bytes", [](PyBatchReader& r) { return r.reader().slot_bytes(); })
       .def_property_readonly("num_threads", [](PyBatchReader& r) { return r.reader().num_threads(); })
       .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })

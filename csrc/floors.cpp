@@ -5,8 +5,8 @@
 namespace fastload {
 
 void decode_all(const uint8_t* blob, const std::vector<uint64_t>& offsets, const std::vector<FieldSpec>& fields,
-                const std::vector<uint8_t*>& dest, bool verify) {
-  RecordDecoder decoder(fields, verify);
+                const std::vector<uint8_t*>& dest, const DecoderOptions& options) {
+  RecordDecoder decoder(fields, options);
   std::vector<uint8_t*> at(fields.size());
   for (size_t i = 0; i + 1 < offsets.size(); ++i) {
     for (size_t f = 0; f < fields.size(); ++f) at[f] = dest[f] + i * static_cast<size_t>(fields[f].decoded_bytes);

@@ -17,7 +17,7 @@ namespace fastload {
 // Decodes records laid end to end in `blob` (record i spans offsets[i] to
 // offsets[i+1]) into dest[f] + i * decoded_bytes(f), in one thread.
 void decode_all(const uint8_t* blob, const std::vector<uint64_t>& offsets, const std::vector<FieldSpec>& fields,
-                const std::vector<uint8_t*>& dest, bool verify);
+                const std::vector<uint8_t*>& dest, const DecoderOptions& options);
 
 // Looks up every global index in one thread without decoding; returns the
 // total record bytes found.

@@ -5,6 +5,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -32,6 +33,13 @@ uint64_t load_u64(const uint8_t* p) noexcept {
 }
 
 std::string field_text(size_t f) { return "field " + std::to_string(f) + ": "; }
+
+std::string hex64(uint64_t v) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) out[static_cast<size_t>(i)] = digits[v & 0xF];
+  return out;
+}
 
 }  // namespace
 
@@ -61,11 +69,12 @@ void unshuffle_bytes(const uint8_t* src, uint8_t* dst, size_t size, size_t items
 
 void RecordDecoder::DCtxDeleter::operator()(ZSTD_DCtx_s* ctx) const noexcept { ZSTD_freeDCtx(ctx); }
 
-RecordDecoder::RecordDecoder(std::vector<FieldSpec> fields, bool verify_checksums)
-    : RecordDecoder(std::move(fields), DecoderOptions{verify_checksums, kDefaultMaxSampleBytes}) {}
-
 RecordDecoder::RecordDecoder(std::vector<FieldSpec> fields, const DecoderOptions& options)
-    : fields_(std::move(fields)), verify_(options.verify_checksums) {
+    : fields_(std::move(fields)),
+      verify_(options.verify_checksums),
+      version_(options.record_version),
+      fingerprint_(options.schema_fingerprint) {
+  if (version_ != 1 && version_ != 2) throw FastloadError("unknown record version " + std::to_string(version_));
   if (fields_.size() > UINT16_MAX) throw FastloadError("schema: more than 65535 fields");
   for (size_t f = 0; f < fields_.size(); ++f) {
     const FieldSpec& spec = fields_[f];
@@ -107,25 +116,41 @@ void RecordDecoder::decompress(const uint8_t* src, size_t src_size, uint8_t* dst
   if (got != dst_size) throw DecodeError("zstd frame decoded to the wrong size");
 }
 
-void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* dest) {
+void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* dest, uint64_t key) {
   const size_t nfields = fields_.size();
-  if (size < kRecordHeaderBytes) {
+  const size_t fixed = version_ == 1 ? kRecordHeaderBytesV1 : kRecordHeaderBytes;
+  if (size < kRecordHeaderBytesV1) {
     throw DecodeError("record of " + std::to_string(size) + " bytes is shorter than its header");
   }
   if (load_u32(data) != kRecordMagic) throw DecodeError("bad magic");
   const uint16_t version = load_u16(data + 4);
-  if (version != kRecordVersion) throw DecodeError("unsupported record version " + std::to_string(version));
+  if (version != version_) {
+    throw DecodeError("record version " + std::to_string(version) + " in a version " + std::to_string(version_) +
+                      " dataset (unsupported record version)");
+  }
   const uint16_t count = load_u16(data + 6);
   if (count != nfields) {
     throw DecodeError("record has " + std::to_string(count) + " fields, schema has " + std::to_string(nfields));
   }
-  const size_t header = add_or_throw(kRecordHeaderBytes, mul_or_throw(kFieldEntryBytes, nfields, "header"), "header");
+  const size_t header = add_or_throw(fixed, mul_or_throw(kFieldEntryBytes, nfields, "header"), "header");
   if (size < header) throw DecodeError("record truncated inside its header");
+  if (version_ >= 2) {
+    const uint64_t own_key = load_u64(data + 8);
+    if (key != kAnyKey && own_key != key) {
+      throw DecodeError("record of key " + std::to_string(own_key) + " found under key " + std::to_string(key) +
+                        " (the shard's index is damaged)");
+    }
+    const uint64_t fingerprint = load_u64(data + 16);
+    if (fingerprint != fingerprint_) {
+      throw DecodeError("written under another schema (fingerprint " + hex64(fingerprint) +
+                        ", the manifest's schema has " + hex64(fingerprint_) + ")");
+    }
+  }
 
   // First pass: validate every entry and the total length before writing.
   size_t payload_total = 0;
   for (size_t f = 0; f < nfields; ++f) {
-    const uint8_t* e = data + kRecordHeaderBytes + kFieldEntryBytes * f;
+    const uint8_t* e = data + fixed + kFieldEntryBytes * f;
     const FieldSpec& spec = fields_[f];
     if (e[0] != static_cast<uint8_t>(spec.codec)) {
       throw DecodeError(field_text(f) + "codec " + std::to_string(e[0]) + " differs from the schema's " +
@@ -153,7 +178,7 @@ void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* des
 
   const uint8_t* payload = data + header;
   for (size_t f = 0; f < nfields; ++f) {
-    const uint8_t* e = data + kRecordHeaderBytes + kFieldEntryBytes * f;
+    const uint8_t* e = data + fixed + kFieldEntryBytes * f;
     const FieldSpec& spec = fields_[f];
     const size_t enc = load_u32(e + 4);
     const size_t dec = static_cast<size_t>(spec.decoded_bytes);
@@ -186,6 +211,15 @@ void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* des
     }
     if (verify_ && checksum(dest[f], dec) != load_u64(e + 16)) {
       throw DecodeError(field_text(f) + "checksum mismatch");
+    }
+    if (spec.boolean) {
+      const uint8_t* begin = dest[f];
+      const uint8_t* end = begin + dec;
+      const uint8_t* bad = std::find_if(begin, end, [](uint8_t b) { return b > 1; });
+      if (bad != end) {
+        throw DecodeError(field_text(f) + "bool element " + std::to_string(bad - begin) + " holds byte " +
+                          std::to_string(*bad) + ", not 0 or 1");
+      }
     }
     payload += enc;
   }

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import fastload
 from fastload import _native
 from fastload._dtypes import NUMPY_DTYPES
-from fastload._format import Field, RecordDecodeError, RecordEncoder, decode_record
+from fastload._format import Field, RecordDecodeError, RecordEncoder, decode_record, schema_fingerprint
 from fastload.errors import CorruptRecordError, SchemaMismatchError
 
 CODECS = ["raw", "zstd", "zstd-shuffle"]
@@ -25,10 +25,11 @@ def random_array(rng, dtype, shape):
     return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
 
 
-def native_decode(record, fields):
+def native_decode(record, fields, key=None, version=2, fingerprint=None):
     out = [np.empty(f.shape, f.np_dtype) for f in fields]
-    _native.decode_record(record, [(f.codec_id, f.itemsize, f.nbytes) for f in fields],
-                          [o.reshape(-1).view(np.uint8) for o in out])
+    fingerprint = schema_fingerprint(fields) if fingerprint is None else fingerprint
+    _native.decode_record(record, [f.native_spec for f in fields], [o.reshape(-1).view(np.uint8) for o in out],
+                          version=version, fingerprint=fingerprint, key=key)
     return out
 
 
@@ -106,16 +107,18 @@ def corrupt(record: bytes, offset: int, value: bytes) -> bytes:
 
 CASES = {
     "bad magic": lambda r: corrupt(r, 0, b"XXXX"),
-    "unsupported record version 9": lambda r: corrupt(r, 4, struct.pack("<H", 9)),
+    "unsupported record version": lambda r: corrupt(r, 4, struct.pack("<H", 9)),
     "record has 3 fields": lambda r: corrupt(r, 6, struct.pack("<H", 3)),
-    "codec 0 differs": lambda r: corrupt(r, 8, b"\0"),
-    "reserved bytes": lambda r: corrupt(r, 9, b"\1"),
-    "runs past the end": lambda r: corrupt(r, 12, struct.pack("<I", 10**6)),
-    "decoded length 5 differs": lambda r: corrupt(r, 16, struct.pack("<Q", 5)),
+    "record of key 7 found under key 0": lambda r: corrupt(r, 8, struct.pack("<Q", 7)),
+    "written under another schema": lambda r: corrupt(r, 16, b"\xff"),
+    "codec 0 differs": lambda r: corrupt(r, 24, b"\0"),
+    "reserved bytes": lambda r: corrupt(r, 25, b"\1"),
+    "runs past the end": lambda r: corrupt(r, 28, struct.pack("<I", 10**6)),
+    "decoded length 5 differs": lambda r: corrupt(r, 32, struct.pack("<Q", 5)),
     "checksum mismatch": lambda r: corrupt(r, len(r) - 1, bytes([r[-1] ^ 1])),
     "bytes after its payloads": lambda r: r + b"\0",
     "shorter than its header": lambda r: r[:5],
-    "truncated inside its header": lambda r: r[:20],
+    "truncated inside its header": lambda r: r[:40],
 }
 
 
@@ -123,14 +126,14 @@ CASES = {
 def test_decoders_name_what_is_wrong(expected):
     bad = CASES[expected](good_record())
     with pytest.raises(RecordDecodeError, match=expected):
-        decode_record(bad, FIELDS)
+        decode_record(bad, FIELDS, key=0)
     with pytest.raises(CorruptRecordError, match=expected):
-        native_decode(bad, FIELDS)
+        native_decode(bad, FIELDS, key=0)
 
 
 def test_corrupt_zstd_payload_is_caught_by_both_decoders():
     rec = bytearray(good_record())
-    header = 8 + 24 * 2
+    header = 24 + 24 * 2
     rec[header + 6] ^= 0xFF  # inside the zstd frame of field 0
     with pytest.raises(RecordDecodeError, match="field 0"):
         decode_record(bytes(rec), FIELDS)

@@ -44,8 +44,15 @@ std::vector<uint8_t> shuffle(const std::vector<uint8_t>& src, size_t itemsize) {
   return out;
 }
 
-// One record of one field, encoded with `codec`.
-std::vector<uint8_t> make_record(const std::vector<uint8_t>& data, Codec codec, size_t itemsize) {
+constexpr uint64_t kFingerprint = 0x0123456789ABCDEFull;
+constexpr uint64_t kKey = 41;
+
+DecoderOptions v2_options() { return DecoderOptions{true, kDefaultMaxSampleBytes, 2, kFingerprint}; }
+
+// One record of one field, encoded with `codec`, in record version `version`
+// (v2: with key kKey and fingerprint kFingerprint).
+std::vector<uint8_t> make_record(const std::vector<uint8_t>& data, Codec codec, size_t itemsize,
+                                 uint16_t version = 2) {
   std::vector<uint8_t> payload;
   if (codec == Codec::kRaw) {
     payload = data;
@@ -56,8 +63,12 @@ std::vector<uint8_t> make_record(const std::vector<uint8_t>& data, Codec codec, 
   }
   std::vector<uint8_t> rec;
   put(rec, kRecordMagic, 4);
-  put(rec, kRecordVersion, 2);
+  put(rec, version, 2);
   put(rec, 1, 2);
+  if (version == 2) {
+    put(rec, kKey, 8);
+    put(rec, kFingerprint, 8);
+  }
   put(rec, static_cast<uint8_t>(codec), 1);
   put(rec, 0, 3);
   put(rec, payload.size(), 4);
@@ -67,10 +78,10 @@ std::vector<uint8_t> make_record(const std::vector<uint8_t>& data, Codec codec, 
   return rec;
 }
 
-bool decode_throws(RecordDecoder& dec, const std::vector<uint8_t>& rec, uint8_t* out) {
+bool decode_throws(RecordDecoder& dec, const std::vector<uint8_t>& rec, uint8_t* out, uint64_t key = kKey) {
   uint8_t* dest[] = {out};
   try {
-    dec.decode(rec.data(), rec.size(), dest);
+    dec.decode(rec.data(), rec.size(), dest, key);
   } catch (const DecodeError&) {
     return true;
   }
@@ -82,7 +93,7 @@ void test_round_trip_and_truncation() {
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>((i * 7) ^ (i >> 3));
   for (Codec codec : {Codec::kRaw, Codec::kZstd, Codec::kZstdShuffle}) {
     for (uint32_t itemsize : {1u, 2u, 4u, 8u}) {
-      RecordDecoder dec({FieldSpec{codec, itemsize, data.size()}}, true);
+      RecordDecoder dec({FieldSpec{codec, itemsize, data.size()}}, v2_options());
       const auto rec = make_record(data, codec, itemsize);
       std::vector<uint8_t> out(data.size());
       CHECK(!decode_throws(dec, rec, out.data()));
@@ -124,6 +135,31 @@ void test_schema_sizes_are_checked() {
   CHECK(checked_mul<uint64_t>(16, uint64_t{1} << 59, &out) && out == uint64_t{1} << 63);
   CHECK(!range_inside(10, UINT64_MAX, 20));
   CHECK(range_inside(10, 10, 20) && !range_inside(11, 10, 20));
+}
+
+void test_records_are_bound_to_key_schema_and_version() {
+  std::vector<uint8_t> data(256, 1);
+  for (size_t i = 0; i < data.size(); i += 3) data[i] = 0;
+  const FieldSpec spec{Codec::kZstd, 1, data.size(), true};
+  RecordDecoder v2({spec}, v2_options());
+  std::vector<uint8_t> out(data.size());
+  const auto rec = make_record(data, Codec::kZstd, 1);
+  CHECK(!decode_throws(v2, rec, out.data()));
+  CHECK(!decode_throws(v2, rec, out.data(), kAnyKey));
+  CHECK(decode_throws(v2, rec, out.data(), kKey + 1));  // delivered for another key
+  RecordDecoder other_schema({spec}, DecoderOptions{true, kDefaultMaxSampleBytes, 2, kFingerprint ^ 1});
+  CHECK(decode_throws(other_schema, rec, out.data()));
+  const auto v1_rec = make_record(data, Codec::kZstd, 1, 1);
+  CHECK(decode_throws(v2, v1_rec, out.data()));  // a v1 record in a v2 dataset
+  RecordDecoder v1({spec}, DecoderOptions{true, kDefaultMaxSampleBytes, 1, 0});
+  CHECK(!decode_throws(v1, v1_rec, out.data()));
+  CHECK(out == data);
+  CHECK(decode_throws(v1, rec, out.data()));  // a v2 record in a v1 dataset
+  auto not_bool = data;
+  not_bool[17] = 2;
+  CHECK(decode_throws(v2, make_record(not_bool, Codec::kZstd, 1), out.data()));
+  RecordDecoder as_bytes({FieldSpec{Codec::kZstd, 1, data.size()}}, v2_options());
+  CHECK(!decode_throws(as_bytes, make_record(not_bool, Codec::kZstd, 1), out.data()));
 }
 
 void test_permutation() {
@@ -205,6 +241,7 @@ int main() {
   check_portable_math<uint64_t>();
   test_round_trip_and_truncation();
   test_schema_sizes_are_checked();
+  test_records_are_bound_to_key_schema_and_version();
   test_permutation();
   std::printf("core_tests: %d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;

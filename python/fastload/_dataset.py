@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from . import _lmdb_envs
-from ._format import Field, RecordDecodeError, decode_record, decode_record_into, record_layout
+from ._format import Field, RecordDecodeError, decode_record, decode_record_into, record_layout, schema_fingerprint
 from ._manifest import load_manifest
 from ._shard_files import check_shard_files
 from ._shard_writer import record_key
@@ -69,6 +69,7 @@ class ShardDataset(torch.utils.data.Dataset):
         self.fields = select_fields(self.manifest.fields, fields)
         self.verify_checksums = verify_checksums
         self._wanted = [f in self.fields for f in self.manifest.fields]
+        self._fingerprint = schema_fingerprint(self.manifest.fields)
         self._starts = [0]
         for shard in self.manifest.shards:
             self._starts.append(self._starts[-1] + shard.count)
@@ -114,7 +115,8 @@ class ShardDataset(torch.utils.data.Dataset):
             if raw is None:
                 raise CorruptRecordError(str(path), key, "key not found in the shard")
             try:
-                arrays = decode_record(raw, self.manifest.fields, self.verify_checksums)
+                arrays = decode_record(raw, self.manifest.fields, self.verify_checksums, key=key,
+                                       version=self.manifest.format_version, fingerprint=self._fingerprint)
             except RecordDecodeError as err:
                 raise CorruptRecordError(str(path), key, str(err)) from None
         return [a for a, wanted in zip(arrays, self._wanted) if wanted]
@@ -141,7 +143,7 @@ class ShardDataset(torch.utils.data.Dataset):
             by_shard.setdefault(shard, []).append((position, key))
         schema = self.manifest.fields
         layout = record_layout(schema)
-        verify = self.verify_checksums
+        verify, version = self.verify_checksums, self.manifest.format_version
         for shard, items in by_shard.items():
             with self._env(shard).begin(buffers=True) as txn:
                 for position, key in items:
@@ -150,7 +152,7 @@ class ShardDataset(torch.utils.data.Dataset):
                         if raw is None:
                             raise RecordDecodeError("key not found in the shard")
                         decode_record_into(raw, schema, [r[position] if r is not None else None for r in rows],
-                                           verify, layout)
+                                           verify, layout, key=key, version=version, fingerprint=self._fingerprint)
                     except RecordDecodeError as err:
                         path = self.path / self.manifest.shards[shard].file
                         raise CorruptRecordError(str(path), key, str(err)) from None

@@ -16,6 +16,7 @@ import xxhash
 from tqdm import tqdm
 
 from ._encode import encode_source
+from ._format import FORMAT_VERSION
 from ._images import ImageReadError
 from ._manifest import MANIFEST_NAME, Manifest, ShardInfo, file_hash, write_json_atomic
 from ._parallel import ordered_map
@@ -81,6 +82,7 @@ class WriteResult:
 
 def _fingerprint(job: WriteJob) -> str:
     h = xxhash.xxh3_128()
+    h.update(f"format {FORMAT_VERSION}\n".encode())  # shards of another format version are not resumed
     h.update(json.dumps(job.provenance.get("options", {}), sort_keys=True).encode())
     h.update(json.dumps([f.to_json() for f in job.settings.fields], sort_keys=True).encode())
     if job.stamp is not None:

@@ -1,4 +1,4 @@
-"""Shard format v1: the schema and the binary record (see docs/FORMAT.md).
+"""Shard format v2 (and reading v1): the schema and the binary record (see docs/FORMAT.md).
 
 This is the reference implementation in Python: the writer uses it to encode
 records and ``ShardDataset`` to decode them. The native decoder in
@@ -20,9 +20,10 @@ import zstandard
 from ._dtypes import NUMPY_DTYPES
 from .errors import SchemaMismatchError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what writers write
+READABLE_FORMAT_VERSIONS = (1, 2)
 RECORD_MAGIC = b"FLRC"
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # a dataset's records have its manifest's format_version
 CODECS = {"raw": 0, "zstd": 1, "zstd-shuffle": 2}
 DEFAULT_ZSTD_LEVEL = 3
 
@@ -49,6 +50,8 @@ def max_sample_bytes() -> int:
 
 
 _HEADER = struct.Struct("<4sHH")  # magic, version, field count
+_BINDING = struct.Struct("<QQ")  # v2: the record's key within its shard, the schema fingerprint
+_KEY_OFFSET = _HEADER.size
 _ENTRY = struct.Struct("<B3xIQQ")  # codec, reserved, encoded length, decoded length, xxh3-64
 
 
@@ -97,6 +100,11 @@ class Field:
         """Return the codec's id in the record header."""
         return CODECS[self.codec]
 
+    @property
+    def native_spec(self) -> tuple[int, int, int, bool]:
+        """Return (codec id, item size, decoded bytes, is bool): the field as the native core takes it."""
+        return (self.codec_id, self.itemsize, self.nbytes, self.dtype == "bool")
+
     def to_json(self) -> dict:
         """Return the manifest's JSON form of the field."""
         return {
@@ -117,6 +125,33 @@ class Field:
             codec=str(data.get("codec", "raw")),
             codec_options=dict(data.get("codec_options", {})),
         )
+
+
+def schema_fingerprint(fields: Sequence[Field]) -> int:
+    """Return the 64-bit fingerprint of a schema that every v2 record carries (docs/FORMAT.md).
+
+    It covers each field's name, dtype, codec and shape, in order (the record
+    layout), but not codec options, which do not change how a record reads.
+    """
+    def text(s: str) -> bytes:
+        data = s.encode("utf-8")
+        return struct.pack("<I", len(data)) + data
+
+    parts = [struct.pack("<I", len(fields))]
+    for f in fields:
+        parts += [text(f.name), text(f.dtype), text(f.codec), struct.pack(f"<I{len(f.shape)}Q", len(f.shape), *f.shape)]
+    return xxhash.xxh3_64_intdigest(b"".join(parts))
+
+
+def bind_key(record: bytes, key: int) -> bytes:
+    """Return ``record`` carrying ``key`` (its index within the shard); v1 records are returned unchanged.
+
+    Records are encoded before the shard they land in is known; the shard
+    writer binds each to its key as it stores it.
+    """
+    if record[4:6] == b"\x01\x00":
+        return record
+    return record[:_KEY_OFFSET] + key.to_bytes(8, "little") + record[_KEY_OFFSET + 8:]
 
 
 def shuffle_bytes(raw: np.ndarray, itemsize: int) -> bytes:
@@ -140,21 +175,29 @@ def unshuffle_bytes(data: bytes, itemsize: int) -> np.ndarray:
 class RecordEncoder:
     """Encodes samples of one schema into records. Not thread-safe: one per thread."""
 
-    def __init__(self, fields: Sequence[Field]) -> None:
+    def __init__(self, fields: Sequence[Field], version: int = RECORD_VERSION) -> None:
+        """Encode for ``fields``; ``version`` 1 exists only so that tests can write v1 datasets."""
+        if version not in READABLE_FORMAT_VERSIONS:
+            raise ValueError(f"record version {version} is not one of {READABLE_FORMAT_VERSIONS}")
         self.fields = list(fields)
+        self.version = version
+        self._prefix = record_prefix(self.fields, 0, version)
         self._compressors = {
             f.name: zstandard.ZstdCompressor(level=int(f.codec_options.get("level", DEFAULT_ZSTD_LEVEL)))
             for f in self.fields
             if f.codec != "raw"
         }
 
-    def encode(self, values: Mapping[str, np.ndarray | int | float | bool]) -> bytes:
-        """Return the record for one sample; raise SchemaMismatchError on a wrong shape or dtype."""
+    def encode(self, values: Mapping[str, np.ndarray | int | float | bool], key: int = 0) -> bytes:
+        """Return the record for one sample; raise SchemaMismatchError on a wrong shape or dtype.
+
+        ``key`` is the sample's index within its shard; :func:`bind_key` can set it later.
+        """
         if set(values) != {f.name for f in self.fields}:
             raise SchemaMismatchError(
                 f"sample has fields {sorted(values)}, the schema has {[f.name for f in self.fields]}"
             )
-        entries = [_HEADER.pack(RECORD_MAGIC, RECORD_VERSION, len(self.fields))]
+        entries = [bind_key(self._prefix, key) if key else self._prefix]
         payloads = []
         for f in self.fields:
             arr = np.asarray(values[f.name])
@@ -180,56 +223,74 @@ class RecordEncoder:
         return b"".join(entries + payloads)
 
 
-def record_prefix(fields: Sequence[Field], key: int) -> bytes:
-    """Return the fixed header that starts every record of ``fields`` (``key`` is unused in v1)."""
-    return _HEADER.pack(RECORD_MAGIC, RECORD_VERSION, len(fields))
+def record_prefix(fields: Sequence[Field], key: int, version: int = RECORD_VERSION) -> bytes:
+    """Return the fixed header that starts every record of ``fields`` (v2: with ``key`` and the fingerprint)."""
+    prefix = _HEADER.pack(RECORD_MAGIC, version, len(fields))
+    return prefix if version == 1 else prefix + _BINDING.pack(key, schema_fingerprint(fields))
 
 
-def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: bool = True) -> list[np.ndarray]:
+def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: bool = True, *, key: int | None = None,
+                  version: int = RECORD_VERSION, fingerprint: int | None = None) -> list[np.ndarray]:
     """Decode one record into one writable array per field (in schema order).
 
-    Raises RecordDecodeError with the reason when any length, codec or checksum is wrong.
+    ``version`` is the dataset's format version; a v2 record must carry
+    ``key`` (when given) and the schema's fingerprint (``fingerprint``, else
+    computed from ``fields``). Raises RecordDecodeError with the reason when
+    any length, codec, key, fingerprint, checksum or bool byte is wrong.
     """
     out = [np.empty(f.nbytes, dtype=np.uint8) for f in fields]
-    decode_record_into(record, fields, out, verify)
+    decode_record_into(record, fields, out, verify, key=key, version=version, fingerprint=fingerprint)
     return [a.view(f.np_dtype).reshape(f.shape) for a, f in zip(out, fields)]
 
 
-FieldLayout = tuple[int, str, int, int]  # codec id, codec, decoded bytes, item size
+FieldLayout = tuple[int, str, int, int, bool]  # codec id, codec, decoded bytes, item size, is bool
 
 
 def record_layout(fields: Sequence[Field]) -> list[FieldLayout]:
     """Return what decoding needs of each field, computed once per schema rather than per record."""
-    return [(f.codec_id, f.codec, f.nbytes, f.itemsize) for f in fields]
+    return [(f.codec_id, f.codec, f.nbytes, f.itemsize, f.dtype == "bool") for f in fields]
 
 
 def decode_record_into(record: bytes | memoryview, fields: Sequence[Field], out: Sequence[np.ndarray | None],
-                       verify: bool = True, layout: Sequence[FieldLayout] | None = None) -> None:
+                       verify: bool = True, layout: Sequence[FieldLayout] | None = None, *, key: int | None = None,
+                       version: int = RECORD_VERSION, fingerprint: int | None = None) -> None:
     """Decode one record into ``out``: per field a contiguous uint8 array of its decoded bytes, or None to skip it.
 
     Every field's header is checked, skipped or not; a skipped field's payload is neither decoded
-    nor verified. ``layout`` is ``record_layout(fields)``, passed by callers that decode many
-    records. Raises RecordDecodeError with the reason when any length, codec or checksum is wrong.
+    nor verified. ``layout`` is ``record_layout(fields)`` and ``fingerprint`` is
+    ``schema_fingerprint(fields)``, passed by callers that decode many records. ``version``, ``key``
+    and ``fingerprint`` as in :func:`decode_record`. Raises RecordDecodeError with the reason when
+    any length, codec, key, fingerprint, checksum or bool byte is wrong.
     """
     if layout is None:
         layout = record_layout(fields)
     size = len(record)
+    fixed = _HEADER.size if version == 1 else _HEADER.size + _BINDING.size
     if size < _HEADER.size:
         raise RecordDecodeError(f"record of {size} bytes is shorter than its header")
-    magic, version, count = _HEADER.unpack_from(record, 0)
+    magic, own_version, count = _HEADER.unpack_from(record, 0)
     if magic != RECORD_MAGIC:
         raise RecordDecodeError("bad magic")
-    if version != RECORD_VERSION:
-        raise RecordDecodeError(f"unsupported record version {version}")
+    if own_version != version:
+        raise RecordDecodeError(f"record version {own_version} in a version {version} dataset "
+                                "(unsupported record version)")
     if count != len(layout):
         raise RecordDecodeError(f"record has {count} fields, schema has {len(layout)}")
-    header = _HEADER.size + _ENTRY.size * count
+    header = fixed + _ENTRY.size * count
     if size < header:
         raise RecordDecodeError("record truncated inside its header")
+    if version >= 2:
+        own_key, own_fingerprint = _BINDING.unpack_from(record, _HEADER.size)
+        if key is not None and own_key != key:
+            raise RecordDecodeError(f"record of key {own_key} found under key {key} (the shard's index is damaged)")
+        expected = schema_fingerprint(fields) if fingerprint is None else fingerprint
+        if own_fingerprint != expected:
+            raise RecordDecodeError(f"written under another schema (fingerprint {own_fingerprint:016x}, "
+                                    f"the manifest's schema has {expected:016x})")
     entries = []
     total = header
-    for i, (codec_id, codec_name, nbytes, _itemsize) in enumerate(layout):
-        start = _HEADER.size + _ENTRY.size * i
+    for i, (codec_id, codec_name, nbytes, _itemsize, _bool) in enumerate(layout):
+        start = fixed + _ENTRY.size * i
         codec, enc, dec, digest = _ENTRY.unpack_from(record, start)
         if codec != codec_id:
             raise RecordDecodeError(f"field {i}: codec {codec} differs from the schema's {codec_id}")
@@ -247,7 +308,8 @@ def decode_record_into(record: bytes | memoryview, fields: Sequence[Field], out:
         raise RecordDecodeError(f"record has {size - total} bytes after its payloads")
     offset = header
     view = memoryview(record)
-    for i, ((_id, codec_name, _nbytes, itemsize), (enc, dec, digest), dest) in enumerate(zip(layout, entries, out)):
+    for i, ((_id, codec_name, _nbytes, itemsize, is_bool), (enc, dec, digest), dest) in enumerate(
+            zip(layout, entries, out)):
         payload = view[offset : offset + enc]
         offset += enc
         if dest is None:
@@ -260,6 +322,9 @@ def decode_record_into(record: bytes | memoryview, fields: Sequence[Field], out:
             dest[:] = _decompress(payload, dec, i)
         if verify and xxhash.xxh3_64_intdigest(dest.data) != digest:
             raise RecordDecodeError(f"field {i}: checksum mismatch")
+        if is_bool and dest.size and int(dest.max()) > 1:
+            at = int(np.argmax(dest > 1))
+            raise RecordDecodeError(f"field {i}: bool element {at} holds byte {int(dest[at])}, not 0 or 1")
 
 
 def _decompress(payload: memoryview, expected: int, index: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any
 
 import xxhash
 
-from ._format import FORMAT_VERSION, MAX_SAMPLE_BYTES_ENV, Field, max_sample_bytes
+from ._format import FORMAT_VERSION, MAX_SAMPLE_BYTES_ENV, READABLE_FORMAT_VERSIONS, Field, max_sample_bytes
 from .errors import DatasetError
 
 MANIFEST_NAME = "manifest.json"
@@ -131,13 +131,13 @@ def load_manifest(directory: str | os.PathLike) -> Manifest:
         version = int(doc["format_version"])
         if doc.get("format") != "fastload-shards":
             raise DatasetError(f"{path}: not a fastload manifest")
-        if version != FORMAT_VERSION:
-            raise DatasetError(f"{path}: format version {version}, this fastload reads {FORMAT_VERSION}")
+        if version not in READABLE_FORMAT_VERSIONS:
+            raise DatasetError(f"{path}: format version {version}, this fastload reads {READABLE_FORMAT_VERSIONS}")
         fields = [Field.from_json(f) for f in doc["schema"]]
         shards = [ShardInfo(str(s["file"]), int(s["count"]), int(s["bytes"]), str(s["hash"])) for s in doc["shards"]]
         known = {"format", "format_version", "schema", "total", "shards", "provenance"}
         extra = {k: v for k, v in doc.items() if k not in known}
-        manifest = Manifest(fields, shards, dict(doc.get("provenance", {})), extra)
+        manifest = Manifest(fields, shards, dict(doc.get("provenance", {})), extra, version)
         if int(doc["total"]) != manifest.total:
             raise DatasetError(f"{path}: total {doc['total']} differs from the shards' sum {manifest.total}")
     except DatasetError:

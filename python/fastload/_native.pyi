@@ -9,7 +9,7 @@ RECORD_MAGIC: int
 RECORD_VERSION: int
 DEFAULT_MAX_SAMPLE_BYTES: int
 
-FieldTuple = tuple[int, int, int]  # codec id, item size, decoded bytes
+FieldTuple = tuple[int, int, int] | tuple[int, int, int, bool]  # codec id, item size, decoded bytes[, is bool]
 # A compiled transform step (fastload.transforms.Step.native): kind, field, in dtype code, in (c, h, w), hwc,
 # out dtype code, out (c, h, w), parameter offset, pad/fill bytes, channels, convert mode, scale, mean, std, rects.
 StepTuple = tuple[int, int, int, list[int], bool, int, list[int], int, bytes, list[int], int, float, list[float],
@@ -28,12 +28,12 @@ def mix64(z: int) -> int:
     """Return SplitMix64's finaliser of z, as used by the epoch order."""
 
 def decode_record(record: bytes | ArrayLike, fields: Sequence[FieldTuple], out: Sequence[ArrayLike],
-                  verify: bool = True) -> None:
-    """Decode one record into one writable buffer per field."""
+                  verify: bool = True, version: int = 2, fingerprint: int = 0, key: int | None = None) -> None:
+    """Decode one record into one writable buffer per field (v2: checks the fingerprint, and the key if given)."""
 
 def decode_records(blob: ArrayLike, offsets: ArrayLike, fields: Sequence[FieldTuple], out: Sequence[ArrayLike],
-                   verify: bool = True) -> None:
-    """Decode records laid end to end in one thread (a benchmark floor)."""
+                   verify: bool = True, version: int = 2, fingerprint: int = 0) -> None:
+    """Decode records laid end to end in one thread (a benchmark floor; keys are not checked)."""
 
 def lookup_records(shards: ShardSet, indices: ArrayLike) -> int:
     """Look records up in the shards in one thread without decoding; return their total bytes (a floor)."""
@@ -58,7 +58,8 @@ class BatchReader:
     def __init__(self, shards: ShardSet, fields: Sequence[FieldTuple], dtypes: Sequence[np.dtype],
                  shapes: Sequence[Sequence[int]], decode: Sequence[bool], batch_capacity: int, num_threads: int,
                  verify: bool = True, sample_delay_us: int = 0, transforms: Sequence[StepTuple] = (),
-                 num_params: int = 0, max_sample_bytes: int = ...) -> None: ...
+                 num_params: int = 0, max_sample_bytes: int = ..., record_version: int = 2,
+                 schema_fingerprint: int = 0) -> None: ...
     @property
     def slot_bytes(self) -> int: ...
     @property

@@ -24,7 +24,7 @@ import torch
 
 from ._augment import Augment
 from ._dataset import ShardDataset
-from ._format import max_sample_bytes
+from ._format import max_sample_bytes, schema_fingerprint
 from ._pinned import FieldViews, HostAllocator, allocate_pinned, split_layout
 
 _native: Any
@@ -122,11 +122,12 @@ class NativeEpoch:
         self._buffers: deque[list[torch.Tensor]] = deque()  # single-use buffers of submitted batches, in order
         self._reader: Any = None  # set first: __del__ runs even when the constructor below raises
         self._reader = _native.BatchReader(
-            shards, [(f.codec_id, f.itemsize, f.nbytes) for f in schema],
+            shards, [f.native_spec for f in schema],
             [specs[f.name][0] if f.name in specs else f.np_dtype for f in schema],
             [list(specs[f.name][2]) if f.name in specs else list(f.shape) for f in schema],
             [f.name in wanted for f in schema], batch_size, settings.num_threads, settings.verify_checksums,
-            settings.sample_delay_us, steps, num_params, max_sample_bytes=max_sample_bytes())
+            settings.sample_delay_us, steps, num_params, max_sample_bytes=max_sample_bytes(),
+            record_version=dataset.manifest.format_version, schema_fingerprint=schema_fingerprint(schema))
         self._views: FieldViews | None = None
         self._split = False
         if self._allocator is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import lmdb
 
+from ._format import bind_key
 from ._manifest import ShardInfo, file_hash, fsync_dir
 
 PAGE = 4096
@@ -37,7 +38,10 @@ def _map_size(records: Sequence[bytes]) -> int:
 
 
 def write_shard(directory: str | os.PathLike, index: int, records: Sequence[bytes]) -> ShardInfo:
-    """Write ``records`` (keys 0..n-1) as shard ``index`` in ``directory`` and return its entry."""
+    """Write ``records`` (keys 0..n-1) as shard ``index`` in ``directory`` and return its entry.
+
+    Each v2 record is bound to its key here (:func:`bind_key`).
+    """
     directory = Path(directory)
     name = shard_name(index)
     build = directory / f".{name}.build"
@@ -50,7 +54,7 @@ def write_shard(directory: str | os.PathLike, index: int, records: Sequence[byte
     try:
         with env.begin(write=True) as txn:
             for key, record in enumerate(records):
-                txn.put(record_key(key), record, append=True)
+                txn.put(record_key(key), bind_key(record, key), append=True)
         env.copy(str(tmp), compact=True)
     finally:
         env.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._format import FORMAT_VERSION
+from ._format import FORMAT_VERSION, READABLE_FORMAT_VERSIONS
 from ._order import ORDER_VERSION
 from .errors import FastloadError
 
@@ -40,8 +40,10 @@ def check_state(state: Mapping[str, Any], *, fingerprint: str, n: int, seed: int
     """
     if not isinstance(state, Mapping):
         raise StateError(f"a loader state is a dict, not {type(state).__name__}")
-    for key, expected in (("state_version", STATE_VERSION), ("format_version", FORMAT_VERSION),
-                          ("order_version", ORDER_VERSION)):
+    if state.get("format_version") not in READABLE_FORMAT_VERSIONS:  # 1: saved before format v2; same positions
+        raise StateError(f"state has format_version {state.get('format_version')!r}, this fastload reads "
+                         f"{READABLE_FORMAT_VERSIONS}")
+    for key, expected in (("state_version", STATE_VERSION), ("order_version", ORDER_VERSION)):
         if state.get(key) != expected:
             raise StateError(f"state has {key} {state.get(key)!r}, this fastload uses {expected}")
     if state.get("dataset_fingerprint") != fingerprint or state.get("num_samples") != n:

@@ -18,7 +18,7 @@ import xxhash
 from tqdm import tqdm
 
 from . import _lmdb_envs
-from ._format import Field, RecordDecodeError, decode_record
+from ._format import RECORD_VERSION, Field, RecordDecodeError, decode_record, schema_fingerprint
 from ._manifest import HASH_ALGORITHM, ShardInfo, load_manifest
 from ._shard_files import check_shard_file
 from ._shard_writer import record_key
@@ -60,12 +60,15 @@ def _hash_file(path: Path, advance: Callable[[int], None]) -> str:
 
 
 def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
-                advance: Callable[[int], None] = lambda n: None, allow_external_shards: bool = False) -> list[str]:
+                advance: Callable[[int], None] = lambda n: None, allow_external_shards: bool = False,
+                version: int = RECORD_VERSION) -> list[str]:
     """Return one line per problem of one shard: size, content hash, then every record's checksum.
 
     The file is checked as ``ShardDataset`` checks it (a regular file inside ``directory`` unless
     ``allow_external_shards``) and its LMDB structure is validated before py-lmdb reads it.
+    ``version`` is the dataset's format version (v2 records are checked against their key and schema).
     """
+    fingerprint = schema_fingerprint(fields)
     path = directory / shard.file
     try:
         check_shard_file(directory, shard, allow_external_shards, check_size=False)
@@ -93,7 +96,7 @@ def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
                     problems.append(f"{path} record {key}: key not found in the shard")
                     continue
                 try:
-                    decode_record(raw, fields, verify=True)
+                    decode_record(raw, fields, verify=True, key=key, version=version, fingerprint=fingerprint)
                 except RecordDecodeError as err:
                     problems.append(f"{path} record {key}: {err}")
     finally:
@@ -127,8 +130,8 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
 
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="fastload-verify") as pool:
-            outcomes = pool.map(lambda s: check_shard(directory, s, manifest.fields, advance, allow_external_shards),
-                                manifest.shards)
+            outcomes = pool.map(lambda s: check_shard(directory, s, manifest.fields, advance, allow_external_shards,
+                                                      manifest.format_version), manifest.shards)
             for shard, problems in zip(manifest.shards, outcomes):
                 report.shards += 1
                 report.records += shard.count
