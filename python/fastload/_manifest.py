@@ -15,7 +15,8 @@ from typing import Any
 
 import xxhash
 
-from ._format import FORMAT_VERSION, MAX_SAMPLE_BYTES_ENV, READABLE_FORMAT_VERSIONS, Field, max_sample_bytes
+from ._format import FORMAT_VERSION, MAX_SAMPLE_BYTES_ENV, Field, max_sample_bytes
+from ._manifest_check import read_manifest
 from .errors import DatasetError
 
 MANIFEST_NAME = "manifest.json"
@@ -123,33 +124,15 @@ def load_manifest(directory: str | os.PathLike) -> Manifest:
         if any(directory.glob("*.lmdb*")) or (directory / ".progress.json").exists():
             hint = " (shards are present: an interrupted preprocess_tiles run? continue it with --resume)"
         raise DatasetError(f"{directory}: incomplete dataset, no {MANIFEST_NAME}{hint}")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DatasetError(f"{path}: unreadable manifest: {err}") from None
-    try:
-        version = int(doc["format_version"])
-        if doc.get("format") != "fastload-shards":
-            raise DatasetError(f"{path}: not a fastload manifest")
-        if version not in READABLE_FORMAT_VERSIONS:
-            raise DatasetError(f"{path}: format version {version}, this fastload reads {READABLE_FORMAT_VERSIONS}")
-        fields = [Field.from_json(f) for f in doc["schema"]]
-        shards = [ShardInfo(str(s["file"]), int(s["count"]), int(s["bytes"]), str(s["hash"])) for s in doc["shards"]]
-        known = {"format", "format_version", "schema", "total", "shards", "provenance"}
-        extra = {k: v for k, v in doc.items() if k not in known}
-        manifest = Manifest(fields, shards, dict(doc.get("provenance", {})), extra, version)
-        if int(doc["total"]) != manifest.total:
-            raise DatasetError(f"{path}: total {doc['total']} differs from the shards' sum {manifest.total}")
-    except DatasetError:
-        raise
-    except (KeyError, TypeError, ValueError) as err:
-        raise DatasetError(f"{path}: invalid manifest: {err!r}") from None
+    doc = read_manifest(path)  # every value's type and range checked: DatasetError naming the key
+    fields = [Field.from_json(f) for f in doc["schema"]]
+    shards = [ShardInfo(s["file"], s["count"], s["bytes"], s["hash"]) for s in doc["shards"]]
+    known = {"format", "format_version", "schema", "total", "shards", "provenance"}
+    extra = {k: v for k, v in doc.items() if k not in known}
+    manifest = Manifest(fields, shards, dict(doc.get("provenance", {})), extra, doc["format_version"])
     limit = max_sample_bytes()
     sample = sum(f.nbytes for f in fields)
     if sample > limit:
         raise DatasetError(f"{path}: schema: a sample of {sample} decoded bytes exceeds the limit of {limit} bytes "
                            f"(set {MAX_SAMPLE_BYTES_ENV} to read larger samples)")
-    for s in shards:
-        if "/" in s.file or "\\" in s.file or s.file in ("", ".", ".."):
-            raise DatasetError(f"{path}: shard file name {s.file!r} must be a plain file name")
     return manifest

@@ -16,13 +16,9 @@ import lmdb
 
 from ._format import bind_key
 from ._manifest import ShardInfo, file_hash, fsync_dir
+from ._manifest_check import shard_name
 
 PAGE = 4096
-
-
-def shard_name(index: int) -> str:
-    """Return the file name of shard ``index``."""
-    return f"shard-{index:05d}.lmdb"
 
 
 def record_key(index: int) -> bytes:
