@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import lmdb
 import numpy as np
 import torch
 
@@ -110,15 +111,19 @@ class ShardDataset(torch.utils.data.Dataset):
         """Return the selected fields of sample ``index`` as numpy arrays, in schema order."""
         shard, key = self.locate(int(index))
         path = self.path / self.manifest.shards[shard].file
-        with self._env(shard).begin(buffers=True) as txn:
-            raw = txn.get(record_key(key))
-            if raw is None:
-                raise CorruptRecordError(str(path), key, "key not found in the shard")
-            try:
-                arrays = decode_record(raw, self.manifest.fields, self.verify_checksums, key=key,
-                                       version=self.manifest.format_version, fingerprint=self._fingerprint)
-            except RecordDecodeError as err:
-                raise CorruptRecordError(str(path), key, str(err)) from None
+        env = self._env(shard)
+        try:
+            with env.begin(buffers=True) as txn:
+                raw = txn.get(record_key(key))
+                if raw is None:
+                    raise CorruptRecordError(str(path), key, "key not found in the shard")
+                try:
+                    arrays = decode_record(raw, self.manifest.fields, self.verify_checksums, key=key,
+                                           version=self.manifest.format_version, fingerprint=self._fingerprint)
+                except RecordDecodeError as err:
+                    raise CorruptRecordError(str(path), key, str(err)) from None
+        except lmdb.Error as err:  # damage to the shard's B-tree, as LMDB reports it
+            raise CorruptRecordError(str(path), key, f"LMDB: {type(err).__name__}: {err}") from None
         return [a for a, wanted in zip(arrays, self._wanted) if wanted]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
@@ -145,17 +150,22 @@ class ShardDataset(torch.utils.data.Dataset):
         layout = record_layout(schema)
         verify, version = self.verify_checksums, self.manifest.format_version
         for shard, items in by_shard.items():
-            with self._env(shard).begin(buffers=True) as txn:
-                for position, key in items:
-                    raw = txn.get(record_key(key))
-                    try:
-                        if raw is None:
-                            raise RecordDecodeError("key not found in the shard")
-                        decode_record_into(raw, schema, [r[position] if r is not None else None for r in rows],
-                                           verify, layout, key=key, version=version, fingerprint=self._fingerprint)
-                    except RecordDecodeError as err:
-                        path = self.path / self.manifest.shards[shard].file
-                        raise CorruptRecordError(str(path), key, str(err)) from None
+            path = self.path / self.manifest.shards[shard].file
+            env, key = self._env(shard), items[0][1]
+            try:
+                with env.begin(buffers=True) as txn:
+                    for position, key in items:
+                        raw = txn.get(record_key(key))
+                        try:
+                            if raw is None:
+                                raise RecordDecodeError("key not found in the shard")
+                            decode_record_into(raw, schema, [r[position] if r is not None else None for r in rows],
+                                               verify, layout, key=key, version=version,
+                                               fingerprint=self._fingerprint)
+                        except RecordDecodeError as err:
+                            raise CorruptRecordError(str(path), key, str(err)) from None
+            except lmdb.Error as err:  # damage to the shard's B-tree, as LMDB reports it
+                raise CorruptRecordError(str(path), key, f"LMDB: {type(err).__name__}: {err}") from None
         return tensors
 
     def subset(self, indices: Any) -> Any:

@@ -32,13 +32,17 @@ _open: dict[str, list] = {}  # real path -> [environment, users]
 def _open_checked(path: Path, expected_count: int) -> lmdb.Environment:
     # No LMDB code runs on a structure that was not validated first.
     validate_shard(str(path), expected_count)
-    size = path.stat().st_size
     try:
+        size = path.stat().st_size
         env = lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False,
                         map_size=max(size, 1), max_dbs=0)
-    except lmdb.Error as err:
+    except (lmdb.Error, OSError) as err:
         raise CorruptShardError(str(path), f"open: {path}: not a readable LMDB file ({err})") from None
-    info, stat = env.info(), env.stat()
+    try:
+        info, stat = env.info(), env.stat()
+    except lmdb.Error as err:
+        env.close()
+        raise CorruptShardError(str(path), f"open: {path}: not a readable LMDB file ({err})") from None
     needed = (info["last_pgno"] + 1) * stat["psize"]
     problem = None
     if size < needed:
@@ -60,11 +64,18 @@ def acquire(path: Path, expected_count: int) -> lmdb.Environment:
         entry = _open.get(key)
         if entry is None:
             entry = _open[key] = [_open_checked(path, expected_count), 0]
-        elif entry[0].stat()["entries"] != expected_count:
-            raise CorruptShardError(str(path), f"open: {path}: holds {entry[0].stat()['entries']} records, "
+        elif _entries(entry[0]) != expected_count:
+            raise CorruptShardError(str(path), f"open: {path}: holds {_entries(entry[0])} records, "
                                                f"the manifest says {expected_count}")
         entry[1] += 1
         return entry[0]
+
+
+def _entries(env: lmdb.Environment) -> int:
+    try:
+        return int(env.stat()["entries"])
+    except lmdb.Error:
+        return -1
 
 
 def release(path: Path) -> None:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import lmdb
 import xxhash
 from tqdm import tqdm
 
@@ -78,16 +79,20 @@ def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
         advance(shard.bytes)
         return [str(err)]
     problems = []
-    size = path.stat().st_size
-    if size != shard.bytes:
-        problems.append(f"{path}: {size} bytes, the manifest says {shard.bytes}")
-        advance(shard.bytes)
-    elif _hash_file(path, advance) != shard.hash:
-        problems.append(f"{path}: content hash differs from the manifest's")
+    try:
+        size = path.stat().st_size
+        if size != shard.bytes:
+            problems.append(f"{path}: {size} bytes, the manifest says {shard.bytes}")
+            advance(shard.bytes)
+        elif _hash_file(path, advance) != shard.hash:
+            problems.append(f"{path}: content hash differs from the manifest's")
+    except OSError as err:
+        return [*problems, f"{path}: unreadable: {err}"]
     try:
         env = _lmdb_envs.acquire(path, shard.count)
     except FastloadError as err:
         return [*problems, str(err)]
+    key = 0
     try:
         with env.begin(buffers=True) as txn:
             for key in range(shard.count):
@@ -99,6 +104,8 @@ def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
                     decode_record(raw, fields, verify=True, key=key, version=version, fingerprint=fingerprint)
                 except RecordDecodeError as err:
                     problems.append(f"{path} record {key}: {err}")
+    except lmdb.Error as err:  # the B-tree itself is damaged: the rest of this shard cannot be trusted
+        problems.append(f"{path} record {key}: LMDB: {type(err).__name__}: {err} (stopped reading this shard)")
     finally:
         _lmdb_envs.release(path)
     return problems

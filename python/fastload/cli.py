@@ -65,7 +65,11 @@ def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bo
     targets = {directory: Path(directory)} if splits is None else {f"{directory} [{n}]": d for n, d in splits.items()}
     total = VerifyReport()
     for name, path in targets.items():
-        report = verify_dataset(path, jobs, progress, on_problem=print, allow_external_shards=allow_external_shards)
+        try:
+            report = verify_dataset(path, jobs, progress, on_problem=print, allow_external_shards=allow_external_shards)
+        except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
+            print(f"{path}: verify stopped: {type(err).__name__}: {err}")
+            report = VerifyReport(problems=[str(err)])
         if len(targets) > 1:
             print(report.summary(name))
         for attr in ("shards", "records", "bytes", "seconds"):
