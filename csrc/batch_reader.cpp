@@ -225,10 +225,12 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
   std::unique_lock<std::mutex> lock(mutex_);
   if (stop_) throw FastloadError("wait_next: the reader is closed");
   if (inflight_.empty()) throw FastloadError("wait_next: no batch was submitted");
-  const bool ready = done_cv_.wait_for(lock, timeout, [this] { return stop_ || inflight_.front()->chunks_left.load() == 0; });
+  const bool ready = done_cv_.wait_for(
+      lock, timeout, [this] { return stop_ || inflight_.empty() || inflight_.front()->chunks_left.load() == 0; });
   wait_ns_.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
   if (stop_) throw FastloadError("wait_next: the reader was closed");
   if (!ready) return std::nullopt;
+  if (inflight_.empty()) throw FastloadError("wait_next: the batch was taken by another thread");
   std::shared_ptr<Job> job = std::move(inflight_.front());
   inflight_.pop_front();
   lock.unlock();

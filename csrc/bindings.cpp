@@ -8,12 +8,28 @@
 //
 // Python objects kept alive by C++ (batch buffers handed in by Python) are
 // held through GilObject, whose destructor takes the GIL before the decref.
+//
+// Lifecycle rules of a BatchReader (see PyBatchReader):
+// - one consumer: next() and submit() from a second thread while one is inside
+//   them raise FastloadError instead of racing on the batch queue;
+// - interpreter exit: a (daemon) thread waiting in next() must not take the
+//   GIL back once Python is finalizing (CPython would end the thread with
+//   pthread_exit, whose unwinding through a noexcept destructor aborts the
+//   process), so it parks until the process exits;
+// - os.fork(): the child inherits the reader but not its worker threads, whose
+//   mutexes may even be held. Every use in the child raises FastloadError, and
+//   close() or destruction there abandons the reader (leaks it) rather than
+//   locking or joining anything.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <string>
@@ -116,6 +132,42 @@ struct SlotLease {
   std::shared_ptr<Slot> slot;
 };
 
+bool python_finalizing() noexcept {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+// Takes the GIL back after PyEval_SaveThread, or parks this thread for good
+// when the interpreter is shutting down (see the lifecycle rules above); the
+// main thread, which finalizes, never parks. Not a destructor: should CPython
+// still end the thread, unwinding passes through.
+void restore_thread_or_park(PyThreadState* state, unsigned long main_thread) {
+  if (PyThread_get_thread_ident() != main_thread) {
+    while (python_finalizing()) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  PyEval_RestoreThread(state);
+}
+
+// Marks the single consumer of a reader as busy for one call.
+class ConsumerGuard {
+ public:
+  explicit ConsumerGuard(std::atomic<bool>& busy, const char* what) : busy_(busy) {
+    if (busy_.exchange(true)) {
+      throw FastloadError(std::string("BatchReader.") + what +
+                          ": another thread is using this reader; a loader iterator belongs to one thread at a time");
+    }
+  }
+  ~ConsumerGuard() { busy_.store(false); }
+  ConsumerGuard(const ConsumerGuard&) = delete;
+  ConsumerGuard& operator=(const ConsumerGuard&) = delete;
+
+ private:
+  std::atomic<bool>& busy_;
+};
+
 // A BatchReader plus the Python-side description of its fields.
 class PyBatchReader {
  public:
@@ -155,11 +207,22 @@ class PyBatchReader {
   }
 
   ~PyBatchReader() {
+    if (forked()) {
+      abandon();
+      return;
+    }
     py::gil_scoped_release release;
     reader_.reset();
   }
 
+  bool forked() const noexcept { return ::getpid() != owner_pid_; }
+
   BatchReader& reader() {
+    if (forked()) {
+      throw FastloadError("this reader was created in process " + std::to_string(owner_pid_) +
+                          " and inherited through os.fork(); its threads do not exist here: build a new loader "
+                          "in the child");
+    }
     if (!reader_) throw FastloadError("the reader is closed");
     return *reader_;
   }
@@ -204,18 +267,25 @@ class PyBatchReader {
       values.assign(params->data(), params->data() + params->size());
     }
     BatchReader& r = reader();
+    const ConsumerGuard guard(busy_, "submit");
     py::gil_scoped_release release;
     r.submit(std::move(copy), std::move(values));
   }
 
   CompletedBatch wait() {
     BatchReader& r = reader();
+    const ConsumerGuard guard(busy_, "next");
     std::optional<CompletedBatch> batch;
     while (!batch) {
-      {
-        py::gil_scoped_release release;
+      std::exception_ptr error;
+      PyThreadState* state = PyEval_SaveThread();
+      try {
         batch = r.wait_next(std::chrono::milliseconds(kSignalPollMs));
+      } catch (...) {
+        error = std::current_exception();
       }
+      restore_thread_or_park(state, main_thread_);
+      if (error) std::rethrow_exception(error);
       if (!batch && PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
     return std::move(*batch);
@@ -253,15 +323,28 @@ class PyBatchReader {
 
   void close() {
     if (!reader_) return;
+    if (forked()) {
+      abandon();
+      return;
+    }
     py::gil_scoped_release release;
     reader_->close();
   }
 
  private:
+  // In a forked child: the worker threads are the parent's and may have held
+  // the reader's mutexes at the fork, so neither lock nor join; leak instead.
+  void abandon() noexcept { static_cast<void>(reader_.release()); }
+
   std::vector<py::dtype> dtypes_;
   std::vector<std::vector<py::ssize_t>> shapes_;
   size_t num_params_ = 0;
   std::unique_ptr<BatchReader> reader_;
+  pid_t owner_pid_ = ::getpid();
+  // Python's main thread, which runs the interpreter's finalization.
+  unsigned long main_thread_ =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  std::atomic<bool> busy_{false};
 };
 
 py::dict stats_dict(const ReaderStats& s) {

@@ -26,6 +26,7 @@ from ._augment import Augment
 from ._dataset import ShardDataset
 from ._format import max_sample_bytes, schema_fingerprint
 from ._pinned import FieldViews, HostAllocator, allocate_pinned, split_layout
+from .errors import FastloadError
 
 _native: Any
 try:
@@ -93,6 +94,12 @@ class NativeEpoch:
     With a host allocator (pinned memory) the epoch holds at most ``prefetch``
     buffers itself: those of batches submitted and not yet delivered.
     ``close()`` (also on ``del``, ``break`` and errors) joins every worker thread.
+
+    Lifecycle guards: an epoch belongs to one consumer at a time (``next()``
+    while another thread is inside it raises FastloadError and leaves that
+    thread's epoch intact), and to the process that made it: in a child made by
+    ``os.fork()`` it raises FastloadError, and ``close()``/``del`` abandon the
+    native reader without joining threads that do not exist there.
     """
 
     def __init__(self, shards: Any, dataset: ShardDataset, num_batches: int, batch_size: int,
@@ -120,6 +127,8 @@ class NativeEpoch:
         self._delivered = 0
         self._allocator = settings.allocator()
         self._buffers: deque[list[torch.Tensor]] = deque()  # single-use buffers of submitted batches, in order
+        self._pid = os.getpid()
+        self._busy = threading.Lock()
         self._reader: Any = None  # set first: __del__ runs even when the constructor below raises
         self._reader = _native.BatchReader(
             shards, [f.native_spec for f in schema],
@@ -166,7 +175,22 @@ class NativeEpoch:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self
 
+    def _forked(self) -> bool:
+        return os.getpid() != self._pid
+
     def __next__(self) -> dict[str, torch.Tensor]:
+        if self._forked():
+            raise FastloadError(f"this loader iterator was created in process {self._pid} and inherited through "
+                                "os.fork(); its threads do not exist here: iterate a new ShardLoader in the child")
+        if not self._busy.acquire(blocking=False):
+            raise FastloadError("this loader iterator is being consumed by another thread; give each thread its "
+                                "own iterator (or its own ShardLoader)")
+        try:
+            return self._next_batch()
+        finally:
+            self._busy.release()
+
+    def _next_batch(self) -> dict[str, torch.Tensor]:
         if self._reader is None or self._delivered >= self._num_batches:
             self.close()
             raise StopIteration
@@ -198,7 +222,7 @@ class NativeEpoch:
 
     def stats(self) -> dict[str, Any]:
         """Return the native reader's counters, plus wall time and batches ready, for this epoch."""
-        if self._reader is None:
+        if self._reader is None or self._forked():
             return dict(self._final_stats or {})
         stats = self._reader.stats()
         stats["wall_s"] = time.perf_counter() - self._started
@@ -213,6 +237,11 @@ class NativeEpoch:
 
     def close(self) -> None:
         """Stop and join the worker threads; idempotent. The epoch's stats stay readable."""
+        if self._forked():  # the native reader abandons itself: nothing to join in this process
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                reader.close()
+            return
         if self._reader is not None:
             self._final_stats = self.stats()
             self._final_stats["ready_batches"] = 0

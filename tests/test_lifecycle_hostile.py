@@ -1,0 +1,129 @@
+"""Hostile lifecycles of the native reader: two consumer threads, exit with a thread waiting, os.fork().
+
+Each case runs in a subprocess with a timeout, since the failures these guard
+against were crashes (SIGSEGV, "terminate called ..."), aborts and hangs.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork and POSIX signals")
+
+
+def run_script(body: str, dataset, timeout: float = 120) -> subprocess.CompletedProcess:
+    code = "import os, sys, threading, time\nimport fastload\nfrom fastload.errors import FastloadError\n"
+    code += f"PATH = {str(dataset)!r}\n" + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+
+
+def assert_clean(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"status {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "terminate called" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_one_iterator_from_two_threads_is_a_typed_error_and_loses_nothing(small_dataset):
+    proc = run_script("""
+        loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2)
+        loader._sample_delay_us = 3000
+        it = iter(loader)
+        got, errors = [], []
+        def consume():
+            while True:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                except FastloadError as err:
+                    errors.append(str(err))
+                    time.sleep(0.001)
+                    continue
+                got.extend(batch["label"].tolist())
+        threads = [threading.Thread(target=consume) for _ in range(4)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        assert sorted(got) == [7 * i for i in range(103)], got  # every sample exactly once
+        assert errors and all("being consumed by another thread" in e for e in errors), errors[:3]
+        print("errors", len(errors), errors[0])
+    """, small_dataset)
+    assert_clean(proc)
+    assert "being consumed by another thread" in proc.stdout
+
+
+def test_the_native_reader_itself_refuses_a_second_consumer(small_dataset):
+    proc = run_script("""
+        import numpy as np
+        from fastload import _native
+        from fastload._native_backend import open_shards
+        ds = fastload.ShardDataset(PATH)
+        fields = ds.manifest.fields
+        reader = _native.BatchReader(open_shards(ds), [f.native_spec for f in fields], [f.np_dtype for f in fields],
+                                     [list(f.shape) for f in fields], [True] * len(fields), 4, 2,
+                                     sample_delay_us=200000, record_version=2,
+                                     schema_fingerprint=fastload._format.schema_fingerprint(fields))
+        reader.add_slot(np.empty(reader.slot_bytes, np.uint8))
+        reader.submit(np.arange(4, dtype=np.uint64))
+        first = threading.Thread(target=reader.next)
+        first.start()
+        time.sleep(0.1)
+        try:
+            reader.next()
+        except FastloadError as err:
+            print("second:", err)
+        first.join()
+        reader.close()
+    """, small_dataset)
+    assert_clean(proc)
+    assert "BatchReader.next: another thread is using this reader" in proc.stdout
+
+
+def test_interpreter_exit_while_a_daemon_thread_waits_in_next(small_dataset):
+    proc = run_script("""
+        loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2)
+        loader._sample_delay_us = 100000
+        it = iter(loader)
+        threading.Thread(target=lambda: list(it), daemon=True).start()
+        time.sleep(0.3)
+        print("main thread exits")
+    """, small_dataset, timeout=60)
+    assert_clean(proc)
+    assert "main thread exits" in proc.stdout
+
+
+@pytest.mark.parametrize("ending", ["exit", "close", "del", "os._exit"])
+def test_fork_with_a_live_iterator(small_dataset, ending):
+    proc = run_script(f"""
+        loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2)
+        loader._sample_delay_us = 2000
+        it = iter(loader)
+        first = next(it)["label"].tolist()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                next(it)
+                print("child: the parent's iterator still ran", flush=True)
+            except FastloadError as err:
+                print("child error:", err, flush=True)
+            own = [b["label"] for b in fastload.ShardLoader(PATH, batch_size=10, backend="native", num_threads=2)]
+            print("child read", sum(len(b) for b in own), flush=True)
+            ending = {ending!r}
+            if ending == "close":
+                it.close()
+            elif ending == "del":
+                del it
+            elif ending == "os._exit":
+                sys.stdout.flush()
+                os._exit(0)
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        rest = [b["label"].tolist() for b in it]
+        labels = first + [x for b in rest for x in b]
+        assert labels == [7 * i for i in range(103)], labels
+        print("child status", status)
+    """, small_dataset, timeout=60)
+    assert_clean(proc)
+    assert "child error: this loader iterator was created in process" in proc.stdout
+    assert "inherited through os.fork()" in proc.stdout
+    assert "child read 103" in proc.stdout and "child status 0" in proc.stdout
