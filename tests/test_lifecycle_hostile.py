@@ -79,7 +79,12 @@ def test_the_native_reader_itself_refuses_a_second_consumer(small_dataset):
     assert "BatchReader.next: another thread is using this reader" in proc.stdout
 
 
-def test_interpreter_exit_while_a_daemon_thread_waits_in_next(small_dataset):
+# CPython <= 3.13 ends a daemon thread that wants the GIL back during finalization with pthread_exit; its
+# forced unwinding through the (instrumented) extension trips an ASan runtime CHECK in __asan_handle_no_return,
+# a sanitizer limitation rather than a memory error. The regular build runs this test.
+@pytest.mark.no_asan
+@pytest.mark.parametrize("run", range(3))
+def test_interpreter_exit_while_a_daemon_thread_waits_in_next(small_dataset, run):
     proc = run_script("""
         loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2)
         loader._sample_delay_us = 100000
