@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "batch_reader.h"
 #include "checked_math.h"
 #include "errors.h"
 #include "permutation.h"
@@ -137,6 +138,27 @@ void test_schema_sizes_are_checked() {
   CHECK(range_inside(10, 10, 20) && !range_inside(11, 10, 20));
 }
 
+// Issue 10's overflow: shape [2**60] uint8 in batches of 16 wrapped the slot size to 128 bytes.
+void test_batch_slot_size_is_checked() {
+  auto shards = std::make_shared<const ShardSet>(std::vector<std::string>{}, std::vector<uint64_t>{});
+  auto refused = [&](uint64_t decoded, size_t capacity, uint64_t max_sample) {
+    ReaderOptions options;
+    options.batch_capacity = capacity;
+    options.max_sample_bytes = max_sample;
+    try {
+      BatchReader reader(shards, {FieldSpec{Codec::kZstd, 1, decoded}}, options);
+    } catch (const FastloadError&) {
+      return true;
+    }
+    return false;
+  };
+  CHECK(refused(uint64_t{1} << 60, 16, kDefaultMaxSampleBytes));      // over the sample bound
+  CHECK(refused(uint64_t{1} << 60, 16, uint64_t{1} << 62));           // 16 * 2**60 wraps
+  CHECK(refused(uint64_t{1} << 58, 16, uint64_t{1} << 62));           // 2**62 bytes: more than memory
+  CHECK(refused(SIZE_MAX - 10, 1, UINT64_MAX));                       // aligning up wraps
+  CHECK(!refused(4096, 16, kDefaultMaxSampleBytes));
+}
+
 void test_records_are_bound_to_key_schema_and_version() {
   std::vector<uint8_t> data(256, 1);
   for (size_t i = 0; i < data.size(); i += 3) data[i] = 0;
@@ -242,6 +264,7 @@ int main() {
   test_round_trip_and_truncation();
   test_schema_sizes_are_checked();
   test_records_are_bound_to_key_schema_and_version();
+  test_batch_slot_size_is_checked();
   test_permutation();
   std::printf("core_tests: %d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;
