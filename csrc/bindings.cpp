@@ -416,7 +416,8 @@ void decode_record(const py::buffer& record, const std::vector<FieldTuple>& fiel
                    bool verify, uint16_t version, uint64_t fingerprint, std::optional<uint64_t> key) {
   if (out.size() != fields.size()) throw py::value_error("decode_record: one output buffer per field");
   auto specs = to_specs(fields);
-  RecordDecoder decoder(specs, DecoderOptions{verify, kDefaultMaxSampleBytes, version, fingerprint});  // checks the schema
+  // Checks the schema (sizes, bound) before any buffer is looked at.
+  RecordDecoder decoder(specs, DecoderOptions{verify, kDefaultMaxSampleBytes, version, fingerprint});
   py::buffer_info in = record.request();
   std::vector<py::buffer_info> infos;
   std::vector<uint8_t*> dest;

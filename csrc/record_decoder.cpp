@@ -84,7 +84,8 @@ RecordDecoder::RecordDecoder(std::vector<FieldSpec> fields, const DecoderOptions
     sample_bytes_ = add_or_raise<FastloadError>(sample_bytes_, spec.decoded_bytes, "schema: sample size");
   }
   if (sample_bytes_ > options.max_sample_bytes || sample_bytes_ > SIZE_MAX) {
-    throw FastloadError("schema: a sample of " + std::to_string(sample_bytes_) + " decoded bytes exceeds the limit of " +
+    throw FastloadError("schema: a sample of " + std::to_string(sample_bytes_) +
+                        " decoded bytes exceeds the limit of " +
                         std::to_string(options.max_sample_bytes) + " bytes (max_sample_bytes)");
   }
   dctx_.reset(ZSTD_createDCtx());
