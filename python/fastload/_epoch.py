@@ -11,6 +11,7 @@ closed (``break``, ``del``, an exception) before that; ``ended`` tells the loade
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from ._plan import EpochPlan
+from .errors import FastloadError
 
 Batch = dict[str, torch.Tensor]
 _STAGES = ("read_s", "decompress_s", "copy_s")
@@ -52,11 +54,23 @@ class EpochIterator:
         self._samples = 0
         self._wait = 0.0
         self._started = time.perf_counter()
+        self._busy = threading.Lock()  # one consumer at a time (issue 10)
 
     def __iter__(self) -> EpochIterator:
         return self
 
     def __next__(self) -> Batch:
+        # A second thread inside next() would race on the pass (two begins, counts, the batch queue):
+        # it gets a typed error and the first thread's pass goes on untouched.
+        if not self._busy.acquire(blocking=False):
+            raise FastloadError("this loader iterator is being consumed by another thread; give each thread its "
+                                "own iterator (or its own ShardLoader)")
+        try:
+            return self._next_batch()
+        finally:
+            self._busy.release()
+
+    def _next_batch(self) -> Batch:
         if self.finished:
             raise StopIteration
         if self._inner is None:
