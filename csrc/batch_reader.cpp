@@ -97,6 +97,8 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
       DecoderOptions{verify_, options.max_sample_bytes, options.record_version, options.schema_fingerprint};
   const RecordDecoder schema_check(fields_, decoder_options_);
   const std::string what = "BatchReader: batch slot of " + std::to_string(capacity_) + " samples";
+  // Every field's batch size (field_bytes(f), decoded or not) fits in size_t.
+  static_cast<void>(mul_or_raise<FastloadError>(capacity_, static_cast<size_t>(schema_check.sample_bytes()), what));
   for (size_t f = 0; f < fields_.size(); ++f) {
     offsets_.push_back(slot_bytes_);
     if (!decode_[f]) continue;

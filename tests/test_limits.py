@@ -15,10 +15,10 @@ import pytest
 
 import fastload
 from fastload import _native
-from fastload._format import MAX_SAMPLE_BYTES_ENV
+from fastload._format import MAX_SAMPLE_BYTES_ENV, RecordDecodeError, decode_record_into
 from fastload._manifest import file_hash
 from fastload._shard_writer import write_shard
-from fastload.errors import CorruptRecordError, DatasetError, FastloadError
+from fastload.errors import DatasetError, FastloadError
 
 HUGE = 2**60
 
@@ -69,12 +69,19 @@ def test_sample_over_the_bound_is_refused_by_the_manifest(huge_dataset):
 
 def test_slot_size_overflow_is_a_typed_error_before_any_allocation(huge_dataset, monkeypatch):
     monkeypatch.setenv(MAX_SAMPLE_BYTES_ENV, str(2**62))  # let the manifest through: the core must still refuse
-    loader = fastload.ShardLoader(huge_dataset, batch_size=16, backend="native", num_threads=2)
+    for make in (lambda: fastload.ShardDataset(huge_dataset),
+                 lambda: fastload.ShardLoader(huge_dataset, batch_size=16, backend="native", num_threads=2)):
+        with pytest.raises(DatasetError, match=r"a sample of 1152921504606846976 decoded bytes does not fit in "
+                                               r"this machine's memory"):
+            make()
+    shards = _native.ShardSet([str(huge_dataset / "shard-00000.lmdb")], [20])
     with pytest.raises(FastloadError, match=r"BatchReader: batch slot of 16 samples: size overflow"):
-        next(iter(loader))
-    ds = fastload.ShardDataset(huge_dataset)  # the pure-Python reader: a typed error, 1 MiB at most decoded
-    with pytest.raises(CorruptRecordError, match=r"shard-00000\.lmdb record 0: field 0: zstd"):
-        ds[0]
+        _native.BatchReader(shards, [(1, 1, HUGE)], [np.dtype("u1")], [[HUGE]], [True], 16, 2,
+                            max_sample_bytes=2**62)
+    # The pure-Python decoder on such a record: a typed error, at most the frame's 1 MiB decoded.
+    raw = hostile_record(HUGE, zstd_frame_declaring(HUGE, 1 << 20), 0, [fastload.Field("x", "uint8", (HUGE,), "zstd")])
+    with pytest.raises(RecordDecodeError, match=r"field 0: zstd"):
+        decode_record_into(raw, [fastload.Field("x", "uint8", (HUGE,), "zstd")], [np.empty(16, np.uint8)], key=0)
 
 
 def test_slot_larger_than_memory_is_refused(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lmdb
@@ -17,11 +18,11 @@ import torch
 
 from . import _lmdb_envs
 from ._format import Field, RecordDecodeError, decode_record, decode_record_into, record_layout, schema_fingerprint
-from ._manifest import load_manifest
+from ._manifest import Manifest, load_manifest
 from ._shard_files import check_shard_files
 from ._shard_writer import record_key
 from ._splits import resolve_dataset_path
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, DatasetError
 
 
 def empty_batch(count: int, field: Field, shared: bool) -> torch.Tensor:
@@ -32,6 +33,18 @@ def empty_batch(count: int, field: Field, shared: bool) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
     storage = torch.UntypedStorage._new_shared(max(1, count * field.nbytes))
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, torch.empty(shape, device="meta").stride())
+
+
+def check_sample_fits(directory: Path, manifest: Manifest) -> None:
+    """Refuse, before any allocation, a sample whose decoded bytes exceed this machine's physical memory."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not POSIX: no bound known
+        return
+    sample = sum(f.nbytes for f in manifest.fields)
+    if memory > 0 and sample > memory:
+        raise DatasetError(f"{directory}: a sample of {sample} decoded bytes does not fit in this machine's memory "
+                           f"({memory} bytes)")
 
 
 def select_fields(schema: Sequence[Field], fields: Sequence[str] | None) -> list[Field]:
@@ -66,6 +79,7 @@ class ShardDataset(torch.utils.data.Dataset):
         self.path = resolve_dataset_path(path, split)  # a root with splits.json needs split=
         self.manifest = load_manifest(self.path)
         self.allow_external_shards = bool(allow_external_shards)
+        check_sample_fits(self.path, self.manifest)
         check_shard_files(self.path, self.manifest, self.allow_external_shards)
         self.fields = select_fields(self.manifest.fields, fields)
         self.verify_checksums = verify_checksums

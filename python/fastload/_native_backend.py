@@ -175,8 +175,8 @@ class NativeEpoch:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self
 
-    def _forked(self) -> bool:
-        return os.getpid() != self._pid
+    def _forked(self, getpid: Callable[[], int] = os.getpid) -> bool:  # bound now: __del__ may run at shutdown
+        return getpid() != self._pid
 
     def __next__(self) -> dict[str, torch.Tensor]:
         if self._forked():
