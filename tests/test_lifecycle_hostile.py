@@ -132,3 +132,22 @@ def test_fork_with_a_live_iterator(small_dataset, ending):
     assert "child error: this loader iterator was created in process" in proc.stdout
     assert "inherited through os.fork()" in proc.stdout
     assert "child read 103" in proc.stdout and "child status 0" in proc.stdout
+
+
+def test_a_finalizer_releasing_inside_acquire_does_not_deadlock(small_dataset):
+    """A ShardDataset collected while this thread holds _lmdb_envs' lock (GC inside acquire) defers its release."""
+    import fastload
+    from fastload import _lmdb_envs
+
+    shard = small_dataset / "shard-00000.lmdb"
+    ds = fastload.ShardDataset(small_dataset)
+    ds[0]
+    key = str(shard.resolve())
+    users = _lmdb_envs._open[key][1]
+    with _lmdb_envs._lock:  # as if the finalizer ran inside acquire()
+        ds.__del__()  # must return at once, not wait for the lock this thread holds
+        assert _lmdb_envs._open[key][1] == users
+    other = fastload.ShardDataset(small_dataset)
+    other[0]  # the next acquire applies the deferred release
+    assert _lmdb_envs._open[key][1] == users
+    other.close()

@@ -202,13 +202,16 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def close(self) -> None:
         """Close the LMDB handles this process opened."""
+        self._release(wait=True)
+
+    def _release(self, wait: bool) -> None:
         for shard in self._envs:
-            _lmdb_envs.release(self.path / self.manifest.shards[shard].file)
+            _lmdb_envs.release(self.path / self.manifest.shards[shard].file, wait)
         self._envs = {}
 
     def __del__(self) -> None:
         if "_envs" in self.__dict__:
-            self.close()
+            self._release(wait=False)  # a finalizer may run inside _lmdb_envs.acquire on this thread
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in self.fields)

@@ -27,6 +27,7 @@ from .errors import CorruptShardError, ShardNotFoundError
 
 _lock = threading.Lock()
 _open: dict[str, list] = {}  # real path -> [environment, users]
+_deferred: list[str] = []  # releases not yet applied (see release())
 
 
 def _open_checked(path: Path, expected_count: int) -> lmdb.Environment:
@@ -61,6 +62,7 @@ def acquire(path: Path, expected_count: int) -> lmdb.Environment:
         raise ShardNotFoundError(str(path))
     key = os.path.realpath(path)
     with _lock:
+        _drain_locked()
         entry = _open.get(key)
         if entry is None:
             entry = _open[key] = [_open_checked(path, expected_count), 0]
@@ -78,13 +80,28 @@ def _entries(env: lmdb.Environment) -> int:
         return -1
 
 
-def release(path: Path) -> None:
-    """Give back one use of shard ``path``; the environment closes with its last user."""
-    key = os.path.realpath(path)
-    with _lock:
+def release(path: Path, wait: bool = True) -> None:
+    """Give back one use of shard ``path``; the environment closes with its last user.
+
+    ``wait=False`` (from finalizers) never blocks: a finalizer may run in the middle of
+    ``acquire`` on this very thread, which holds the lock; the release is then deferred
+    to the next ``acquire`` or ``release`` instead of deadlocking.
+    """
+    _deferred.append(os.path.realpath(path))  # list.append is atomic
+    if not _lock.acquire(blocking=wait):
+        return
+    try:
+        _drain_locked()
+    finally:
+        _lock.release()
+
+
+def _drain_locked() -> None:
+    while _deferred:
+        key = _deferred.pop()
         entry = _open.get(key)
         if entry is None:
-            return
+            continue
         entry[1] -= 1
         if entry[1] <= 0:
             entry[0].close()
