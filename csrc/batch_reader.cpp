@@ -7,10 +7,6 @@
 #include "errors.h"
 #include "platform/platform.h"
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <unistd.h>
-#endif
-
 namespace fastload {
 namespace {
 
@@ -18,19 +14,6 @@ constexpr size_t kAlign = 64;
 // A chunk decodes at least this many output bytes (or one sample), so that
 // claiming it costs little next to the work, whatever the thread count.
 constexpr size_t kMinChunkBytes = 64 * 1024;
-
-// Physical memory in bytes, or SIZE_MAX where the platform does not say.
-size_t physical_memory() noexcept {
-#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  size_t total = 0;
-  if (pages > 0 && page > 0 && checked_mul(static_cast<size_t>(pages), static_cast<size_t>(page), &total)) {
-    return total;
-  }
-#endif
-  return SIZE_MAX;
-}
 
 uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
   return static_cast<uint64_t>(
@@ -108,9 +91,9 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
     slot_bytes_ = align_up_or_raise<FastloadError>(end, kAlign, what);
   }
   slot_bytes_ = std::max(slot_bytes_, kAlign);
-  if (slot_bytes_ > physical_memory()) {
+  if (slot_bytes_ > physical_memory_bytes()) {
     throw FastloadError(what + " needs " + std::to_string(slot_bytes_) + " bytes, more than this machine's memory (" +
-                        std::to_string(physical_memory()) + " bytes)");
+                        std::to_string(physical_memory_bytes()) + " bytes)");
   }
   // Enough chunks per batch that every thread has several to take, but no
   // chunk under kMinChunkBytes of output: with many threads and small

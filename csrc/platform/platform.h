@@ -5,6 +5,7 @@
 //   - file_mapping.h: FileMapping, a whole file mapped read-only (open, size
 //     and type checks, the mapping);
 //   - name_this_thread: names the calling thread for debuggers and profilers;
+//   - physical_memory_bytes: the machine's RAM, the bound a batch slot must fit;
 //   - prefetch_for_read: the compiler's cache prefetch hint (GCC/Clang
 //     builtin, MSVC intrinsic), or nothing;
 //   - utf8_to_wide (Windows only): paths arrive as UTF-8 from Python and are
@@ -14,6 +15,7 @@
 // both (bindings.cpp checks signals between waits; workers are threads).
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #if !defined(__GNUC__) && !defined(__clang__) && defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
@@ -33,6 +35,10 @@ inline void prefetch_for_read(const void* p) noexcept {
   (void)p;
 #endif
 }
+
+// The machine's physical memory in bytes, or SIZE_MAX where the system does
+// not say. Never throws.
+size_t physical_memory_bytes() noexcept;
 
 // Names the calling thread (Linux: at most 15 bytes are kept; Windows 10+:
 // SetThreadDescription when the system has it). Best effort, never throws.

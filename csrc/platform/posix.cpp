@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -45,6 +46,15 @@ FileMapping::FileMapping(const std::string& path) {
 }
 
 FileMapping::~FileMapping() { ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_)); }
+
+size_t physical_memory_bytes() noexcept {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return SIZE_MAX;
+  size_t total = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(pages), static_cast<size_t>(page), &total)) return SIZE_MAX;
+  return total;
+}
 
 void name_this_thread(const std::string& name) noexcept {
 #if defined(__APPLE__)

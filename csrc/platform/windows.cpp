@@ -84,6 +84,13 @@ FileMapping::FileMapping(const std::string& path) {
 
 FileMapping::~FileMapping() { UnmapViewOfFile(data_); }
 
+size_t physical_memory_bytes() noexcept {
+  MEMORYSTATUSEX status{};
+  status.dwLength = sizeof(status);
+  if (!GlobalMemoryStatusEx(&status) || status.ullTotalPhys > SIZE_MAX) return SIZE_MAX;
+  return static_cast<size_t>(status.ullTotalPhys);
+}
+
 void name_this_thread(const std::string& name) noexcept {
   // SetThreadDescription exists from Windows 10 1607: looked up, not linked.
   using SetDescription = HRESULT(WINAPI*)(HANDLE, PCWSTR);
