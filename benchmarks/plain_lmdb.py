@@ -19,7 +19,8 @@ import numpy as np
 import torch
 import zstandard
 
-_HEADER = struct.Struct("<4sHH")
+_HEADER = struct.Struct("<4sHH")  # magic, version, field count
+_BINDING_BYTES = 16  # format v2: the record's key and the schema fingerprint (not checked here)
 _ENTRY = struct.Struct("<B3xIQQ")
 
 
@@ -50,10 +51,12 @@ class PlainLmdbDataset(torch.utils.data.Dataset):
                                                lock=False, readahead=False)
         with env.begin(buffers=True) as txn:
             raw = txn.get((index - self.starts[shard]).to_bytes(8, "big"))
-        offset = _HEADER.size + _ENTRY.size * len(self.fields)
+        _magic, version, _count = _HEADER.unpack_from(raw, 0)
+        entries = _HEADER.size + (_BINDING_BYTES if version >= 2 else 0)
+        offset = entries + _ENTRY.size * len(self.fields)
         out = {}
         for i, (name, dtype, shape) in enumerate(self.fields):
-            codec, enc, _dec, _digest = _ENTRY.unpack_from(raw, _HEADER.size + _ENTRY.size * i)
+            codec, enc, _dec, _digest = _ENTRY.unpack_from(raw, entries + _ENTRY.size * i)
             payload = raw[offset : offset + enc]
             offset += enc
             data = np.frombuffer(bytes(payload) if codec == 0 else zstandard.decompress(payload), dtype=np.uint8)
