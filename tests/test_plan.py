@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fastload._plan import EpochPlan
+from fastload._plan import BatchIndices, EpochPlan
 
 
 def rank_positions(plan_kw, world):
@@ -68,3 +68,31 @@ def test_bad_plans():
         EpochPlan(n=10, batch_size=2, world_size=2, rank=2)
     with pytest.raises(ValueError, match="start position 11"):
         EpochPlan(n=10, batch_size=2, start=11)
+
+
+@pytest.mark.parametrize("plan", [
+    EpochPlan(n=1000, batch_size=7),
+    EpochPlan(n=1000, batch_size=7, drop_last=True, world_size=3, rank=2, start=101),
+    EpochPlan(n=50, batch_size=8, world_size=4, rank=1, even_batches=False),
+    EpochPlan(n=5, batch_size=64),
+], ids=["one-rank", "three-ranks-resumed", "uneven", "one-partial-batch"])
+@pytest.mark.parametrize("window", [1, 3, 32])
+def test_batch_indices_by_window_equal_the_per_batch_values(plan, window):
+    calls = []
+
+    def to_indices(positions):
+        calls.append(len(positions))
+        return (positions * np.uint64(2654435761)) % np.uint64(1_000_003)  # any elementwise map of positions
+
+    indices = BatchIndices(plan, to_indices, window)
+    expected = [to_indices(plan.batch_positions(b)) for b in range(len(plan))]
+    calls.clear()
+    lag = 4  # the delivered batch trails the submitted one, as in the native backend
+    for b in range(len(plan)):
+        assert np.array_equal(indices(b), expected[b]), b
+        if b >= lag:
+            assert np.array_equal(indices(b - lag), expected[b - lag]), b - lag
+    assert np.array_equal(indices(0), expected[0])  # a window long gone is worked out again
+    assert len(calls) <= -(-len(plan) // window) * (2 if window <= lag else 1) + 2
+    with pytest.raises(IndexError):
+        indices(len(plan))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -21,7 +21,7 @@ from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
 from ._native_backend import NATIVE_IMPORT_ERROR, NativeEpoch, NativeSettings, open_shards
 from ._native_groups import GroupedNativeEpoch, open_groups
 from ._order import EpochOrder
-from ._plan import EpochPlan
+from ._plan import BatchIndices, EpochPlan
 from ._sampler import EpochBatchSampler, EpochSampler
 from ._sampling import ArrayOrder
 from ._sampling_setup import WithSource, dataset_fingerprint, make_sampling
@@ -392,20 +392,7 @@ class ShardLoader:
         grouped = isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout
         if self._shards is None:
             self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
-        if isinstance(order, EpochOrder) and order.shuffle:
-            from . import _native
-
-            seed, epoch, n = order.seed, order.epoch, order.n
-
-            def batch_indices(b: int) -> np.ndarray:
-                return _native.permutation_at(seed, epoch, n, plan.batch_positions(b))
-        elif isinstance(order, EpochOrder):
-            batch_indices = plan.batch_positions
-        else:
-            indices = order.indices()
-
-            def batch_indices(b: int) -> np.ndarray:
-                return indices[plan.batch_positions(b).astype(np.int64)]
+        batch_indices = BatchIndices(plan, native_position_map(order))
         settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
                                   self._sample_delay_us, self._host_allocator)
         epoch_batches: Iterator[Batch]
@@ -494,3 +481,16 @@ class ShardLoader:
         what = repr(str(self.dataset.path)) if isinstance(self.dataset, ShardDataset) else repr(self.dataset)
         return (f"ShardLoader({what}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
                 f"seed={self.seed}, backend={self.backend!r}, num_threads={self.num_threads}, {topology})")
+
+
+def native_position_map(order: EpochOrder | ArrayOrder) -> Callable[[np.ndarray], np.ndarray]:
+    """Return the map from epoch positions to sample indices that the native backend reads with."""
+    if isinstance(order, EpochOrder) and order.shuffle:
+        from . import _native
+
+        seed, epoch, n = order.seed, order.epoch, order.n
+        return lambda positions: _native.permutation_at(seed, epoch, n, positions)
+    if isinstance(order, EpochOrder):
+        return lambda positions: positions
+    indices = order.indices()
+    return lambda positions: indices[positions.astype(np.int64)]

@@ -17,6 +17,7 @@ saved state records. Resuming with another world size re-splits what is left.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,12 +61,45 @@ class EpochPlan:
 
     def batch_positions(self, b: int) -> np.ndarray:
         """Return the epoch positions of this rank's batch ``b`` (uint64)."""
-        if not 0 <= b < len(self):
-            raise IndexError(f"batch {b} out of range for {len(self)} batches")
-        j = np.arange(b * self.batch_size, min((b + 1) * self.batch_size, self.samples), dtype=np.uint64)
+        return self.positions_of_batches(b, b + 1)
+
+    def positions_of_batches(self, first: int, stop: int) -> np.ndarray:
+        """Return the epoch positions of this rank's batches ``first`` to ``stop - 1``, one after another (uint64)."""
+        if not 0 <= first < stop <= len(self):
+            raise IndexError(f"batches {first} to {stop - 1} out of range for {len(self)} batches")
+        j = np.arange(first * self.batch_size, min(stop * self.batch_size, self.samples), dtype=np.uint64)
         offsets = np.uint64(self.rank) + j * np.uint64(self.world_size)
         return np.uint64(self.start) + offsets % np.uint64(self.remaining)
 
     def position_after(self, batches: int) -> int:
         """Return the global position once every rank has taken ``batches`` batches."""
         return min(self.n, self.start + batches * self.batch_size * self.world_size)
+
+
+class BatchIndices:
+    """The sample indices of a plan's batches, worked out a window of batches at a time.
+
+    ``to_indices`` maps epoch positions to sample indices (the epoch order). One numpy pass
+    and one call of ``to_indices`` per ``window`` batches, instead of per batch, keep the
+    consumer thread's Python work per batch small; the values are those of
+    ``to_indices(plan.batch_positions(b))``. The two most recent windows are kept, since the
+    batch submitted and the batch delivered may fall in neighbouring windows.
+    """
+
+    def __init__(self, plan: EpochPlan, to_indices: Callable[[np.ndarray], np.ndarray], window: int = 32) -> None:
+        self._plan, self._to_indices, self._window = plan, to_indices, max(1, window)
+        self._num_batches = len(plan)
+        self._windows: list[tuple[int, np.ndarray]] = []  # (first batch, indices), newest last
+
+    def __call__(self, b: int) -> np.ndarray:
+        """Return the sample indices of batch ``b``."""
+        if not 0 <= b < self._num_batches:
+            raise IndexError(f"batch {b} out of range for {self._num_batches} batches")
+        for first, indices in self._windows:
+            if first <= b < first + self._window:
+                lo = (b - first) * self._plan.batch_size
+                return indices[lo:lo + self._plan.batch_size]
+        stop = min(b + self._window, self._num_batches)
+        indices = self._to_indices(self._plan.positions_of_batches(b, stop))
+        self._windows = [*self._windows[-1:], (b, indices)]
+        return indices[:self._plan.batch_size]
