@@ -97,6 +97,28 @@ def test_interpreter_exit_while_a_daemon_thread_waits_in_next(small_dataset, run
     assert "main thread exits" in proc.stdout
 
 
+# A torchrun test aborted at exit ("terminate called without an active exception"); the core dump showed
+# torch's gloo thread, not a fastload one. This keeps fastload's own part of that suspicion tested: the
+# interpreter exits with a pass held in a global, its workers mid-batch, batches queued or alive.
+@pytest.mark.parametrize("ending", ["fall through", "sys.exit"])
+@pytest.mark.parametrize("taken", [0, 1, 3])
+@pytest.mark.parametrize("delay_us", [0, 20000])
+def test_interpreter_exit_with_a_live_iterator_in_a_global(small_dataset, taken, delay_us, ending):
+    proc = run_script(f"""
+        loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2, prefetch=4)
+        loader._sample_delay_us = {delay_us}
+        it = iter(loader)
+        before = len(os.listdir("/proc/self/task"))
+        for _ in range({taken}):
+            batch = next(it)
+        print("workers", len(os.listdir("/proc/self/task")) - before, flush=True)
+        if {ending!r} == "sys.exit":
+            sys.exit(0)
+    """, small_dataset, timeout=60)
+    assert_clean(proc)
+    assert f"workers {0 if taken == 0 else 2}" in proc.stdout  # the pass starts its threads at the first batch
+
+
 @pytest.mark.parametrize("ending", ["exit", "close", "del", "os._exit"])
 def test_fork_with_a_live_iterator(small_dataset, ending):
     proc = run_script(f"""

@@ -113,14 +113,17 @@ class EpochIterator:
         finally:
             self._hooks.ended(self, complete)
 
-    def raw_stats(self) -> dict[str, Any]:
-        """Return this pass's counters (the native reader's included)."""
+    def raw_stats(self, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+        """Return this pass's counters (the native reader's included).
+
+        ``clock`` is bound at definition: ``__del__`` ends a pass at interpreter exit, when module globals are gone.
+        """
         stats: dict[str, Any] = {}
         native = getattr(self._inner, "stats", None)
         if callable(native):
             stats.update(native())
         stats.update({"batches": self.delivered, "samples": self._samples, "wait_s": self._wait,
-                      "wall_s": time.perf_counter() - self._started})
+                      "wall_s": clock() - self._started})
         return stats
 
     def reset_stats(self) -> None:

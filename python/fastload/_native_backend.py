@@ -178,6 +178,9 @@ class NativeEpoch:
     def _forked(self, getpid: Callable[[], int] = os.getpid) -> bool:  # bound now: __del__ may run at shutdown
         return getpid() != self._pid
 
+    def _wall_s(self, clock: Callable[[], float] = time.perf_counter) -> float:  # bound now, as _forked
+        return clock() - self._started
+
     def __next__(self) -> dict[str, torch.Tensor]:
         if self._forked():
             raise FastloadError(f"this loader iterator was created in process {self._pid} and inherited through "
@@ -225,7 +228,7 @@ class NativeEpoch:
         if self._reader is None or self._forked():
             return dict(self._final_stats or {})
         stats = self._reader.stats()
-        stats["wall_s"] = time.perf_counter() - self._started
+        stats["wall_s"] = self._wall_s()
         stats["ready_batches"] = self._reader.ready
         stats["num_threads"] = self._reader.num_threads
         return stats
@@ -242,13 +245,15 @@ class NativeEpoch:
             if reader is not None:
                 reader.close()
             return
-        if self._reader is not None:
-            self._final_stats = self.stats()
-            self._final_stats["ready_batches"] = 0
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.close()
-        self._buffers.clear()
+        try:
+            if self._reader is not None:
+                self._final_stats = self.stats()
+                self._final_stats["ready_batches"] = 0
+        finally:  # the threads are joined even if the counters cannot be read
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                reader.close()
+            self._buffers.clear()
 
     def __del__(self) -> None:
         self.close()
