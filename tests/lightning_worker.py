@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -154,7 +156,7 @@ def run_fabric(args: argparse.Namespace) -> None:
     write(args.out, steps, {"rank": fabric.global_rank, "world_size": fabric.world_size, "loader_len": len(loader)})
 
 
-def main() -> None:
+def main() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["lightning", "plain", "fabric"])
     parser.add_argument("data")
@@ -170,7 +172,15 @@ def main() -> None:
     parser.add_argument("--backend", default="auto")
     args = parser.parse_args()
     {"lightning": run_lightning, "plain": run_plain, "fabric": run_fabric}[args.mode](args)
+    return args
 
 
 if __name__ == "__main__":
-    main()
+    ran = main()
+    if ran.devices > 1:
+        # Everything checked is written. DDP over gloo keeps gloo's threads past destroy_process_group, and
+        # one may drop autograd's stashed Python context during interpreter teardown and abort ("terminate
+        # called without an active exception"): torch's race, described under the README's torchrun snippet.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
