@@ -5,7 +5,7 @@ PYTHON_BOOT ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 TORCH_SPEC  ?= torch==2.13.0
-APT_PACKAGES := libzstd-dev libxxhash-dev pkg-config
+APT_PACKAGES := libzstd-dev libxxhash-dev liblz4-dev libspng-dev libturbojpeg0-dev pkg-config
 SOURCES     := $(shell find csrc python -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.py' -o -name '*.pyi' -o -name 'py.typed' \)) CMakeLists.txt $(wildcard cmake/*.cmake) pyproject.toml
 ASAN_SITE   := build/asan-site
 ASAN_PRELOAD = $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libubsan.so) $(shell gcc -print-file-name=libstdc++.so)

@@ -61,7 +61,7 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
   if (capacity_ == 0) throw FastloadError("BatchReader: batch capacity must be positive");
   if (num_threads == 0) throw FastloadError("BatchReader: num_threads must be positive");
   for (size_t f = 0; f < fields_.size(); ++f) {
-    if (static_cast<uint8_t>(fields_[f].codec) > static_cast<uint8_t>(Codec::kZstdShuffle)) {
+    if (static_cast<int>(fields_[f].codec) > kLastCodec) {
       throw FastloadError("BatchReader: unknown codec id " + std::to_string(static_cast<int>(fields_[f].codec)));
     }
     const bool transformed = transforms_ && f < fields_.size() && transforms_->transforms(f);

@@ -52,19 +52,26 @@ namespace {
 
 constexpr int kSignalPollMs = 50;
 
-// (codec id, itemsize, decoded bytes[, is bool]): one field as Python describes it.
+// (codec id, itemsize, decoded bytes[, is bool[, height, width, channels, planar]]):
+// one field as Python describes it (the image geometry for png and jpeg).
 using FieldTuple = py::tuple;
 
 std::vector<FieldSpec> to_specs(const std::vector<FieldTuple>& fields) {
   std::vector<FieldSpec> specs;
   for (const py::tuple& t : fields) {
-    if (t.size() != 3 && t.size() != 4) throw py::value_error("a field is (codec id, itemsize, decoded bytes[, bool])");
+    if (t.size() != 3 && t.size() != 4 && t.size() != 8) {
+      throw py::value_error("a field is (codec id, itemsize, decoded bytes[, bool[, height, width, channels, planar]])");
+    }
     const auto codec = t[0].cast<int>();
-    if (codec < 0 || codec > static_cast<int>(Codec::kZstdShuffle)) {
+    if (codec < 0 || codec > kLastCodec) {
       throw py::value_error("unknown codec id " + std::to_string(codec));
     }
     const bool boolean = t.size() == 4 && t[3].cast<bool>();
-    specs.push_back(FieldSpec{static_cast<Codec>(codec), t[1].cast<uint32_t>(), t[2].cast<uint64_t>(), boolean});
+    ImageGeometry image;
+    if (t.size() == 8) {
+      image = ImageGeometry{t[4].cast<uint32_t>(), t[5].cast<uint32_t>(), t[6].cast<uint32_t>(), t[7].cast<bool>()};
+    }
+    specs.push_back(FieldSpec{static_cast<Codec>(codec), t[1].cast<uint32_t>(), t[2].cast<uint64_t>(), boolean, image});
   }
   return specs;
 }

@@ -1,5 +1,6 @@
 #include "record_decoder.h"
 
+#include <lz4.h>
 #include <zstd.h>
 
 #define XXH_INLINE_ALL
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <string>
 
@@ -39,6 +41,31 @@ std::string hex64(uint64_t v) {
   std::string out(16, '0');
   for (int i = 15; i >= 0; --i, v >>= 4) out[static_cast<size_t>(i)] = digits[v & 0xF];
   return out;
+}
+
+// A field's codec must be able to hold it: the schema, not a record, decides.
+void check_codec(const FieldSpec& spec, size_t f) {
+  const std::string where = "schema: field " + std::to_string(f) + ": ";
+  if (static_cast<int>(spec.codec) > kLastCodec) throw FastloadError(where + "unknown codec");
+  if ((spec.codec == Codec::kLz4 || spec.codec == Codec::kLz4Shuffle) && spec.decoded_bytes > INT_MAX) {
+    throw FastloadError(where + "an lz4 field holds at most " + std::to_string(INT_MAX) + " bytes");
+  }
+  if (spec.codec != Codec::kPng && spec.codec != Codec::kJpeg) return;
+  const ImageGeometry& g = spec.image;
+  const bool png = spec.codec == Codec::kPng;
+  const bool channels_ok = png ? g.channels >= 1 && g.channels <= 4 : g.channels == 1 || g.channels == 3;
+  const bool depth_ok = png ? spec.itemsize == 1 || spec.itemsize == 2 : spec.itemsize == 1;
+  const uint32_t max_side = png ? INT32_MAX : 65535;
+  if (!channels_ok || !depth_ok || g.height == 0 || g.width == 0 || g.height > max_side || g.width > max_side) {
+    throw FastloadError(where + (png ? "png" : "jpeg") + " cannot hold " + std::to_string(g.channels) +
+                        " channels of " + std::to_string(g.height) + "x" + std::to_string(g.width) + " with " +
+                        std::to_string(spec.itemsize) + "-byte samples");
+  }
+  uint64_t bytes = spec.itemsize;
+  if (!checked_mul(bytes, uint64_t{g.height}, &bytes) || !checked_mul(bytes, uint64_t{g.width}, &bytes) ||
+      !checked_mul(bytes, uint64_t{g.channels}, &bytes) || bytes != spec.decoded_bytes) {
+    throw FastloadError(where + "image geometry disagrees with the decoded size");
+  }
 }
 
 }  // namespace
@@ -81,6 +108,7 @@ RecordDecoder::RecordDecoder(std::vector<FieldSpec> fields, const DecoderOptions
     if (spec.itemsize == 0 || spec.decoded_bytes % spec.itemsize != 0) {
       throw FastloadError("schema: field " + std::to_string(f) + ": decoded size is not a multiple of the item size");
     }
+    check_codec(spec, f);
     sample_bytes_ = add_or_raise<FastloadError>(sample_bytes_, spec.decoded_bytes, "schema: sample size");
   }
   if (sample_bytes_ > options.max_sample_bytes || sample_bytes_ > SIZE_MAX) {
@@ -109,12 +137,49 @@ void RecordDecoder::decompress(const uint8_t* src, size_t src_size, uint8_t* dst
     throw DecodeError(std::string("zstd frame truncated or malformed (") + ZSTD_getErrorName(frame) + ")");
   }
   if (frame != src_size) throw DecodeError("trailing bytes after the zstd frame");
-  const auto start = std::chrono::steady_clock::now();
   const size_t got = ZSTD_decompressDCtx(dctx_.get(), dst, dst_size, src, src_size);
-  decompress_ns_ += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   if (ZSTD_isError(got)) throw DecodeError(std::string("zstd error: ") + ZSTD_getErrorName(got));
   if (got != dst_size) throw DecodeError("zstd frame decoded to the wrong size");
+}
+
+void RecordDecoder::decode_payload(const FieldSpec& spec, const uint8_t* src, size_t src_size, uint8_t* dst,
+                                   size_t dst_size) {
+  const bool shuffled = (spec.codec == Codec::kZstdShuffle || spec.codec == Codec::kLz4Shuffle) && spec.itemsize > 1;
+  uint8_t* out = dst;
+  if (shuffled) {
+    if (scratch_.size() < dst_size) scratch_.resize(dst_size);
+    out = scratch_.data();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  switch (spec.codec) {
+    case Codec::kZstd:
+    case Codec::kZstdShuffle:
+      decompress(src, src_size, out, dst_size);
+      break;
+    case Codec::kLz4:
+    case Codec::kLz4Shuffle: {
+      // Sizes fit an int: E is below the record size, D was checked in the constructor.
+      if (src_size > INT_MAX) throw DecodeError("lz4 block too large");
+      const int got = LZ4_decompress_safe(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(out),
+                                          static_cast<int>(src_size), static_cast<int>(dst_size));
+      if (got < 0) throw DecodeError("lz4 block malformed or truncated");
+      if (static_cast<size_t>(got) != dst_size) {
+        throw DecodeError("lz4 block holds " + std::to_string(got) + " bytes, expected " + std::to_string(dst_size));
+      }
+      break;
+    }
+    case Codec::kPng:
+      images_.decode_png(src, src_size, spec.image, spec.itemsize, out, dst_size);
+      break;
+    case Codec::kJpeg:
+      images_.decode_jpeg(src, src_size, spec.image, out, dst_size);
+      break;
+    default:
+      throw DecodeError("unknown codec");
+  }
+  decompress_ns_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+  if (shuffled) unshuffle_bytes(scratch_.data(), dst, dst_size, spec.itemsize);
 }
 
 void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* dest, uint64_t key) {
@@ -188,24 +253,10 @@ void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* des
       continue;
     }
     try {
-      switch (spec.codec) {
-        case Codec::kRaw:
-          std::memcpy(dest[f], payload, dec);
-          break;
-        case Codec::kZstd:
-          decompress(payload, enc, dest[f], dec);
-          break;
-        case Codec::kZstdShuffle:
-          if (spec.itemsize == 1) {
-            decompress(payload, enc, dest[f], dec);
-          } else {
-            if (scratch_.size() < dec) scratch_.resize(dec);
-            decompress(payload, enc, scratch_.data(), dec);
-            unshuffle_bytes(scratch_.data(), dest[f], dec, spec.itemsize);
-          }
-          break;
-        default:
-          throw DecodeError("unknown codec");
+      if (spec.codec == Codec::kRaw) {
+        std::memcpy(dest[f], payload, dec);
+      } else {
+        decode_payload(spec, payload, enc, dest[f], dec);
       }
     } catch (const DecodeError& err) {
       throw DecodeError(field_text(f) + err.what());

@@ -14,6 +14,10 @@
 // derived from the schema can wrap around later (FastloadError otherwise).
 //
 // Thread safety: one decoder per thread (it owns a zstd context and scratch).
+// lz4 blocks are decompressed with LZ4_decompress_safe into exactly the
+// field's decoded bytes; png and jpeg payloads go through ImageDecoder
+// (image_decode.h), whose header checks come before any byte is written.
+//
 // decode() throws DecodeError with a reason; the caller adds the file and record.
 #pragma once
 
@@ -22,11 +26,14 @@
 #include <memory>
 #include <vector>
 
+#include "image_decode.h"
+
 struct ZSTD_DCtx_s;
 
 namespace fastload {
 
-enum class Codec : uint8_t { kRaw = 0, kZstd = 1, kZstdShuffle = 2 };
+enum class Codec : uint8_t { kRaw = 0, kZstd = 1, kZstdShuffle = 2, kLz4 = 3, kLz4Shuffle = 4, kPng = 5, kJpeg = 6 };
+constexpr int kLastCodec = 6;
 
 constexpr uint32_t kRecordMagic = 0x43524C46u;  // bytes "FLRC"
 constexpr uint16_t kRecordVersion = 2;            // what writers write; readers also take 1
@@ -41,6 +48,7 @@ struct FieldSpec {
   uint32_t itemsize;        // bytes per element: the shuffle's stride
   uint64_t decoded_bytes;   // product of the shape times itemsize
   bool boolean = false;     // dtype bool: every decoded byte must be 0 or 1
+  ImageGeometry image{};    // png and jpeg: the image the payload must hold
 };
 
 // The largest sample (all fields' decoded bytes together) a reader accepts by
@@ -81,7 +89,7 @@ class RecordDecoder {
   // Decoded bytes of one whole sample (every field), <= max_sample_bytes.
   uint64_t sample_bytes() const noexcept { return sample_bytes_; }
 
-  // Nanoseconds spent inside zstd so far (the rest of decode() is copy and verify).
+  // Nanoseconds spent inside zstd, lz4 and the image libraries so far (the rest of decode() is copy and verify).
   uint64_t decompress_ns() const noexcept { return decompress_ns_; }
 
  private:
@@ -89,6 +97,7 @@ class RecordDecoder {
     void operator()(ZSTD_DCtx_s* ctx) const noexcept;
   };
   void decompress(const uint8_t* src, size_t src_size, uint8_t* dst, size_t dst_size);
+  void decode_payload(const FieldSpec& spec, const uint8_t* src, size_t src_size, uint8_t* dst, size_t dst_size);
 
   std::vector<FieldSpec> fields_;
   bool verify_;
@@ -97,6 +106,7 @@ class RecordDecoder {
   uint64_t sample_bytes_ = 0;
   std::unique_ptr<ZSTD_DCtx_s, DCtxDeleter> dctx_;
   std::vector<uint8_t> scratch_;
+  ImageDecoder images_;
   uint64_t decompress_ns_ = 0;
 };
 

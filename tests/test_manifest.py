@@ -80,7 +80,7 @@ CASES = {
     "duplicate field names": (_set("schema.1.name", "image"), r"schema\[1\]\.name: field name 'image' appears twice"),
     "unknown dtype": (_set("schema.0.dtype", "complex64"), r"schema\[0\]\.dtype: unknown dtype 'complex64'"),
     "dtype not a string": (_set("schema.0.dtype", ["uint8"]), r"schema\[0\]\.dtype: \['uint8'\] is not a string"),
-    "unknown codec": (_set("schema.0.codec", "lz4"), r"schema\[0\]\.codec: unknown codec 'lz4'"),
+    "unknown codec": (_set("schema.0.codec", "brotli"), r"schema\[0\]\.codec: unknown codec 'brotli'"),
     "negative dimension": (_set("schema.0.shape", [2, -2]), r"schema\[0\]\.shape\[1\]: -2 is out of range"),
     "float dimension": (_set("schema.0.shape", [2, 2.0]), r"schema\[0\]\.shape\[1\]: 2\.0 is not an integer"),
     "huge dimension": (_set("schema.0.shape", [2**64]), r"schema\[0\]\.shape\[0\]: 18446744073709551616 is out"),

@@ -66,7 +66,8 @@ def test_tile_origins():
     assert tile_origins(3, 4, 4, "pad") == [0]
 
 
-@pytest.mark.parametrize(("edge", "layout", "codec"), [("pad", "chw", "zstd"), ("drop", "hwc", "raw")])
+@pytest.mark.parametrize(("edge", "layout", "codec"), [("pad", "chw", "zstd"), ("drop", "hwc", "raw"),
+                                                      ("pad", "chw", "png"), ("drop", "hwc", "lz4")])
 def test_tiles_of_photographs_equal_numpy_slices(tmp_path, photo_dir, edge, layout, codec):
     out = tmp_path / "out"
     run_cli("preprocess_tiles", "--data-dir", str(photo_dir), "--output-dir", str(out), "--tile-size", "96",
@@ -85,10 +86,11 @@ def test_tiles_of_photographs_equal_numpy_slices(tmp_path, photo_dir, edge, layo
         assert starts[rel] <= i
 
 
-def test_tiles_of_multiband_uint16_rasters(tmp_path, raster_dir):
+@pytest.mark.parametrize("codec", ["zstd-shuffle", "lz4-shuffle"])
+def test_tiles_of_multiband_uint16_rasters(tmp_path, raster_dir, codec):
     out = tmp_path / "out"
     run_cli("preprocess_tiles", "--data_dir", str(raster_dir), "--output_dir", str(out), "--tile-size", "32x48",
-            "--stride", "30x40", "--codec", "zstd-shuffle", check=True)
+            "--stride", "30x40", "--codec", codec, check=True)
     ds = fastload.ShardDataset(out)
     assert ds.schema[0].dtype == "uint16" and ds.schema[0].shape == (6, 32, 48)
     i = 0
@@ -230,8 +232,20 @@ def test_label_csv_naming_a_missing_file(tmp_path, raster_dir):
 
 def test_unknown_codec_is_a_usage_error(tmp_path, raster_dir):
     r = run_cli("preprocess_tiles", "--data-dir", str(raster_dir), "--output-dir", str(tmp_path / "o"),
-                "--codec", "lz4")
-    assert r.returncode == 2 and "invalid choice: 'lz4'" in r.stderr
+                "--codec", "brotli")
+    assert r.returncode == 2 and "invalid choice: 'brotli'" in r.stderr
+
+
+@pytest.mark.parametrize(("codec", "problem", "fits"), [
+    ("png", "png holds 1 to 4 channels, not 6", "raw, zstd, zstd-shuffle, lz4, lz4-shuffle"),
+    ("jpeg", "jpeg holds uint8, not uint16", "raw, zstd, zstd-shuffle, lz4, lz4-shuffle"),
+])
+def test_a_codec_that_cannot_hold_the_images_is_refused(tmp_path, raster_dir, codec, problem, fits):
+    r = run_cli("preprocess_tiles", "--data-dir", str(raster_dir), "--output-dir", str(tmp_path / "o"),
+                "--codec", codec)
+    assert r.returncode == 2, r.stderr
+    assert problem in r.stderr and f"codecs that fit: {fits}" in r.stderr
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
 def test_existing_output_is_refused_without_overwrite(tmp_path, raster_dir):

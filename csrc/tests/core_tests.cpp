@@ -1,8 +1,15 @@
 // Unit tests of the core that need no Python: the record decoder's bounds
-// checks at every truncation point, the shuffle, the permutation. Run under
-// ASan+UBSan by `make test-cpp`.
+// checks at every truncation point for every codec (png and jpeg payloads
+// made with libspng's and TurboJPEG's encoders), the shuffle, the
+// permutation. Run under ASan+UBSan by `make test-cpp`.
+#include <lz4.h>
+#include <spng.h>
+#include <turbojpeg.h>
 #include <zstd.h>
 
+#include <cstdlib>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -52,16 +59,8 @@ DecoderOptions v2_options() { return DecoderOptions{true, kDefaultMaxSampleBytes
 
 // One record of one field, encoded with `codec`, in record version `version`
 // (v2: with key kKey and fingerprint kFingerprint).
-std::vector<uint8_t> make_record(const std::vector<uint8_t>& data, Codec codec, size_t itemsize,
-                                 uint16_t version = 2) {
-  std::vector<uint8_t> payload;
-  if (codec == Codec::kRaw) {
-    payload = data;
-  } else {
-    const std::vector<uint8_t> src = codec == Codec::kZstdShuffle ? shuffle(data, itemsize) : data;
-    payload.resize(ZSTD_compressBound(src.size()));
-    payload.resize(ZSTD_compress(payload.data(), payload.size(), src.data(), src.size(), 3));
-  }
+std::vector<uint8_t> record_of(const std::vector<uint8_t>& data, const std::vector<uint8_t>& payload, Codec codec,
+                               uint16_t version = 2) {
   std::vector<uint8_t> rec;
   put(rec, kRecordMagic, 4);
   put(rec, version, 2);
@@ -79,6 +78,25 @@ std::vector<uint8_t> make_record(const std::vector<uint8_t>& data, Codec codec, 
   return rec;
 }
 
+std::vector<uint8_t> make_record(const std::vector<uint8_t>& data, Codec codec, size_t itemsize,
+                                 uint16_t version = 2) {
+  std::vector<uint8_t> payload;
+  const bool shuffled = codec == Codec::kZstdShuffle || codec == Codec::kLz4Shuffle;
+  const std::vector<uint8_t> src = shuffled ? shuffle(data, itemsize) : data;
+  if (codec == Codec::kRaw) {
+    payload = data;
+  } else if (codec == Codec::kLz4 || codec == Codec::kLz4Shuffle) {
+    payload.resize(static_cast<size_t>(LZ4_compressBound(static_cast<int>(src.size()))));
+    const int n = LZ4_compress_default(reinterpret_cast<const char*>(src.data()), reinterpret_cast<char*>(payload.data()),
+                                       static_cast<int>(src.size()), static_cast<int>(payload.size()));
+    payload.resize(static_cast<size_t>(n));
+  } else {
+    payload.resize(ZSTD_compressBound(src.size()));
+    payload.resize(ZSTD_compress(payload.data(), payload.size(), src.data(), src.size(), 3));
+  }
+  return record_of(data, payload, codec, version);
+}
+
 bool decode_throws(RecordDecoder& dec, const std::vector<uint8_t>& rec, uint8_t* out, uint64_t key = kKey) {
   uint8_t* dest[] = {out};
   try {
@@ -92,7 +110,7 @@ bool decode_throws(RecordDecoder& dec, const std::vector<uint8_t>& rec, uint8_t*
 void test_round_trip_and_truncation() {
   std::vector<uint8_t> data(4096);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>((i * 7) ^ (i >> 3));
-  for (Codec codec : {Codec::kRaw, Codec::kZstd, Codec::kZstdShuffle}) {
+  for (Codec codec : {Codec::kRaw, Codec::kZstd, Codec::kZstdShuffle, Codec::kLz4, Codec::kLz4Shuffle}) {
     for (uint32_t itemsize : {1u, 2u, 4u, 8u}) {
       RecordDecoder dec({FieldSpec{codec, itemsize, data.size()}}, v2_options());
       const auto rec = make_record(data, codec, itemsize);
@@ -184,6 +202,137 @@ void test_records_are_bound_to_key_schema_and_version() {
   CHECK(!decode_throws(as_bytes, make_record(not_bool, Codec::kZstd, 1), out.data()));
 }
 
+// An lz4 block that decodes to fewer or more bytes than the field is refused.
+void test_lz4_size_is_exact() {
+  std::vector<uint8_t> data(1000, 7);
+  RecordDecoder dec({FieldSpec{Codec::kLz4, 1, data.size()}}, v2_options());
+  std::vector<uint8_t> out(data.size());
+  for (size_t n : {999u, 1001u, 0u}) {
+    std::vector<uint8_t> other(n, 7);
+    auto rec = make_record(other, Codec::kLz4, 1);
+    // The entry claims the field's size D; the block holds n bytes.
+    for (int i = 0; i < 8; ++i) rec[24 + 8 + i] = static_cast<uint8_t>(data.size() >> (8 * i));
+    CHECK(decode_throws(dec, rec, out.data()));
+  }
+}
+
+// A PNG of `channels` 8-bit interleaved channels, from libspng's encoder.
+std::vector<uint8_t> encode_png(const std::vector<uint8_t>& hwc, uint32_t height, uint32_t width, uint32_t channels) {
+  static const uint8_t kColor[] = {0, SPNG_COLOR_TYPE_GRAYSCALE, SPNG_COLOR_TYPE_GRAYSCALE_ALPHA,
+                                   SPNG_COLOR_TYPE_TRUECOLOR, SPNG_COLOR_TYPE_TRUECOLOR_ALPHA};
+  spng_ctx* ctx = spng_ctx_new(SPNG_CTX_ENCODER);
+  spng_set_option(ctx, SPNG_ENCODE_TO_BUFFER, 1);
+  spng_ihdr ihdr{width, height, 8, kColor[channels], 0, 0, 0};
+  spng_set_ihdr(ctx, &ihdr);
+  std::vector<uint8_t> out;
+  if (spng_encode_image(ctx, hwc.data(), hwc.size(), SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE) == 0) {
+    size_t size = 0;
+    int err = 0;
+    auto* buf = static_cast<uint8_t*>(spng_get_png_buffer(ctx, &size, &err));
+    if (buf != nullptr) out.assign(buf, buf + size);
+    std::free(buf);
+  }
+  spng_ctx_free(ctx);
+  return out;
+}
+
+std::vector<uint8_t> encode_jpeg(const std::vector<uint8_t>& hwc, int height, int width, int channels) {
+  tjhandle tj = tjInitCompress();
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  std::vector<uint8_t> out;
+  if (tjCompress2(tj, hwc.data(), width, 0, height, channels == 1 ? TJPF_GRAY : TJPF_RGB, &buf, &size,
+                  channels == 1 ? TJSAMP_GRAY : TJSAMP_420, 90, 0) == 0) {
+    out.assign(buf, buf + size);
+  }
+  tjFree(buf);
+  tjDestroy(tj);
+  return out;
+}
+
+std::vector<uint8_t> to_planar(const std::vector<uint8_t>& hwc, size_t pixels, size_t channels) {
+  std::vector<uint8_t> out(hwc.size());
+  for (size_t i = 0; i < pixels; ++i)
+    for (size_t c = 0; c < channels; ++c) out[c * pixels + i] = hwc[i * channels + c];
+  return out;
+}
+
+// Round trips in both layouts; every truncation, flip and wrong geometry is a
+// DecodeError, never a crash (ASan) or a silent wrong sample.
+void test_image_codecs() {
+  const uint32_t h = 24, w = 40;
+  for (Codec codec : {Codec::kPng, Codec::kJpeg}) {
+    for (uint32_t channels : {1u, 2u, 3u, 4u}) {
+      if (codec == Codec::kJpeg && channels != 1 && channels != 3) continue;
+      std::vector<uint8_t> hwc(size_t{h} * w * channels);
+      for (size_t i = 0; i < hwc.size(); ++i) {  // smooth gradients: what jpeg keeps well
+        const size_t p = i / channels;
+        hwc[i] = static_cast<uint8_t>(p % w * 3 + p / w * 2 + (i % channels) * 20);
+      }
+      const auto payload = codec == Codec::kPng ? encode_png(hwc, h, w, channels)
+                                                : encode_jpeg(hwc, static_cast<int>(h), static_cast<int>(w),
+                                                              static_cast<int>(channels));
+      CHECK(!payload.empty());
+      // What the decoder yields (jpeg is lossy: its own decode is the reference).
+      std::vector<uint8_t> decoded = hwc;
+      if (codec == Codec::kJpeg) {
+        ImageDecoder plain;
+        plain.decode_jpeg(payload.data(), payload.size(), ImageGeometry{h, w, channels, false}, decoded.data(),
+                          decoded.size());
+        int worst = 0;
+        for (size_t i = 0; i < hwc.size(); ++i) worst = std::max(worst, std::abs(decoded[i] - hwc[i]));
+        CHECK(worst <= 8);
+      }
+      for (bool planar : {false, true}) {
+        const auto expect = planar ? to_planar(decoded, size_t{h} * w, channels) : decoded;
+        const FieldSpec spec{codec, 1, expect.size(), false, ImageGeometry{h, w, channels, planar}};
+        RecordDecoder dec({spec}, v2_options());
+        const auto rec = record_of(expect, payload, codec);
+        std::vector<uint8_t> out(expect.size());
+        CHECK(!decode_throws(dec, rec, out.data()));
+        CHECK(out == expect);
+        for (size_t cut = 0; cut < rec.size(); cut += (cut < 200 ? 1 : 37)) {
+          CHECK(decode_throws(dec, std::vector<uint8_t>(rec.begin(), rec.begin() + static_cast<long>(cut)),
+                              out.data()));
+        }
+        for (size_t pos = 0; pos < rec.size(); pos += 7) {
+          auto flipped = rec;
+          flipped[pos] ^= 0x5A;
+          // A flip in bytes the decoder ignores (JFIF density) may decode to the same sample: never to another.
+          CHECK(decode_throws(dec, flipped, out.data()) || out == expect);
+        }
+      }
+      // A payload of another geometry than the field's is refused before decoding.
+      for (const ImageGeometry& other : {ImageGeometry{h + 1, w, channels, false}, ImageGeometry{h, w - 1, channels, false},
+                                         ImageGeometry{w, h, channels, false}}) {
+        const size_t bytes = size_t{other.height} * other.width * channels;
+        RecordDecoder dec({FieldSpec{codec, 1, bytes, false, other}}, v2_options());
+        std::vector<uint8_t> out(bytes, 0xAB);
+        CHECK(decode_throws(dec, record_of(std::vector<uint8_t>(bytes), payload, codec), out.data()));
+        CHECK(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0xAB; }));
+      }
+      const uint32_t other_channels = channels == 1 ? 3 : 1;
+      const size_t bytes = size_t{h} * w * other_channels;
+      RecordDecoder dec({FieldSpec{codec, 1, bytes, false, ImageGeometry{h, w, other_channels, false}}}, v2_options());
+      std::vector<uint8_t> out(bytes);
+      CHECK(decode_throws(dec, record_of(std::vector<uint8_t>(bytes), payload, codec), out.data()));
+      if (codec == Codec::kPng) {  // 8-bit samples where the field has 16-bit ones
+        const size_t wide = size_t{h} * w * channels * 2;
+        RecordDecoder dec16({FieldSpec{codec, 2, wide, false, ImageGeometry{h, w, channels, false}}}, v2_options());
+        std::vector<uint8_t> out16(wide);
+        CHECK(decode_throws(dec16, record_of(std::vector<uint8_t>(wide), payload, codec), out16.data()));
+      }
+    }
+  }
+  // Fields an image codec cannot hold are refused by the schema check.
+  CHECK(schema_refused({FieldSpec{Codec::kPng, 1, 13 * 4, false, ImageGeometry{2, 2, 13, true}}}, 1000));
+  CHECK(schema_refused({FieldSpec{Codec::kJpeg, 2, 3 * 4 * 2, false, ImageGeometry{2, 2, 3, true}}}, 1000));
+  CHECK(schema_refused({FieldSpec{Codec::kJpeg, 1, 2 * 4, false, ImageGeometry{2, 2, 2, true}}}, 1000));
+  CHECK(schema_refused({FieldSpec{Codec::kPng, 1, 12, false, ImageGeometry{2, 2, 2, true}}}, 1000));  // 12 != 8
+  CHECK(schema_refused({FieldSpec{Codec::kPng, 1, 0, false, ImageGeometry{0, 0, 1, true}}}, 1000));
+  CHECK(!schema_refused({FieldSpec{Codec::kPng, 2, 32, false, ImageGeometry{2, 2, 4, true}}}, 1000));
+}
+
 void test_permutation() {
   for (uint64_t n : {0ull, 1ull, 2ull, 3ull, 7ull, 100ull, 1000ull, 4097ull}) {
     const Permutation p(42, 3, n);
@@ -265,6 +414,8 @@ int main() {
   test_schema_sizes_are_checked();
   test_records_are_bound_to_key_schema_and_version();
   test_batch_slot_size_is_checked();
+  test_lz4_size_is_exact();
+  test_image_codecs();
   test_permutation();
   std::printf("core_tests: %d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;

@@ -10,19 +10,26 @@ from pathlib import Path
 
 import numpy as np
 
+from ._codecs import IMAGE_CODECS, default_options, guess_layout
 from ._dtypes import dtype_name
-from ._format import DEFAULT_ZSTD_LEVEL, Field, RecordEncoder
+from ._format import Field, RecordEncoder
 from ._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ._shard_writer import write_shard
 from .errors import SchemaMismatchError
 
 
 def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], codec: str | Mapping[str, str] = "raw",
-                 level: int = DEFAULT_ZSTD_LEVEL, samples_per_shard: int = 1024, overwrite: bool = False) -> Manifest:
+                 level: int | None = None, samples_per_shard: int = 1024, overwrite: bool = False, *,
+                 layout: str | None = None, quality: int | None = None, subsampling: str | None = None) -> Manifest:
     """Write ``arrays`` (field name -> array of shape ``[N, *field shape]``) as a dataset in ``out_dir``.
 
-    ``codec`` is one codec for every field or a mapping per field. Returns the
-    manifest written. Raises SchemaMismatchError when the arrays disagree in N.
+    ``codec`` is one codec for every field or a mapping per field (fields not
+    named are raw). ``level`` is the zstd, lz4 or png level (default: zstd 3,
+    lz4 0 = fast, png 6); ``layout`` ('chw' or 'hwc') says how 3-D image fields
+    are laid out for png and jpeg (inferred when only one reading has 1 to 4
+    channels); ``quality`` and ``subsampling`` are jpeg's. Returns the manifest
+    written. Raises SchemaMismatchError when the arrays disagree in N or a codec
+    cannot hold a field (the message names the codecs that can).
     """
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
@@ -42,8 +49,10 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     fields = []
     for name, a in arrays.items():
         field_codec = codec if isinstance(codec, str) else codec.get(name, "raw")
-        options = {"level": level} if field_codec != "raw" else {}
-        fields.append(Field(name, dtype_name(a.dtype), tuple(a.shape[1:]), field_codec, options))
+        shape = tuple(a.shape[1:])
+        field_layout = (layout or guess_layout(shape)) if field_codec in IMAGE_CODECS and len(shape) == 3 else None
+        options = default_options(field_codec, level, field_layout, quality, subsampling)
+        fields.append(Field(name, dtype_name(a.dtype), shape, field_codec, options))
     out.mkdir(parents=True, exist_ok=True)
     encoder = RecordEncoder(fields)
     shards = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 ZSTD_LEVELS = (1, 22)  # zstd's range; negative "fast" levels are not exposed
+LEVELS = {"lz4": (0, 12), "lz4-shuffle": (0, 12), "png": (0, 9)}  # lz4: 0 fast, 1-12 LZ4HC; png: zlib's
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -59,12 +60,16 @@ def check_options(args: argparse.Namespace) -> None:
     if args.samples_per_shard is not None and args.samples_per_shard < 1:
         raise UsageError(f"--samples-per-shard must be at least 1, not {args.samples_per_shard}")
     if args.level is not None:
-        if args.codec == "raw":
-            raise UsageError(f"--level {args.level} has no effect with --codec raw; pass --codec zstd or "
-                             "zstd-shuffle, or drop --level")
-        lo, hi = ZSTD_LEVELS
+        if args.codec in ("raw", "jpeg"):
+            raise UsageError(f"--level {args.level} has no effect with --codec {args.codec}; pass --codec zstd, "
+                             "zstd-shuffle, lz4, lz4-shuffle or png, or drop --level")
+        lo, hi = LEVELS.get(args.codec, ZSTD_LEVELS)
         if not lo <= args.level <= hi:
             raise UsageError(f"--level {args.level} is out of range for --codec {args.codec}: use {lo} to {hi}")
+    if (args.quality is not None or args.subsampling is not None) and args.codec != "jpeg":
+        raise UsageError("--quality and --subsampling are jpeg's; pass --codec jpeg or drop them")
+    if args.quality is not None and not 1 <= args.quality <= 100:
+        raise UsageError(f"--quality must be 1 to 100, not {args.quality}")
     if args.val_fraction is not None and not 0.0 < args.val_fraction < 1.0:
         raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {args.val_fraction}")
     needs = [("stride", "--stride", "tile_size", "--tile-size"),

@@ -17,6 +17,20 @@ import numpy as np
 import xxhash
 import zstandard
 
+from . import _payload
+from ._codecs import (
+    CODECS,
+    IMAGE_CODECS,
+    LOSSY_CODECS,
+    Geometry,
+    PayloadError,
+    codec_problem,
+    fitting_codecs,
+    image_geometry,
+    options_problem,
+    shuffle_bytes,
+    unshuffle_bytes,
+)
 from ._dtypes import NUMPY_DTYPES
 from .errors import SchemaMismatchError
 
@@ -24,7 +38,6 @@ FORMAT_VERSION = 2  # what writers write
 READABLE_FORMAT_VERSIONS = (1, 2)
 RECORD_MAGIC = b"FLRC"
 RECORD_VERSION = 2  # a dataset's records have its manifest's format_version
-CODECS = {"raw": 0, "zstd": 1, "zstd-shuffle": 2}
 DEFAULT_ZSTD_LEVEL = 3
 
 MAX_SAMPLE_BYTES_ENV = "FASTLOAD_MAX_SAMPLE_BYTES"
@@ -67,7 +80,7 @@ class Field:
     dtype: str
     shape: tuple[int, ...]
     codec: str = "raw"
-    codec_options: Mapping[str, int] = field(default_factory=dict)
+    codec_options: Mapping[str, int | str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -79,6 +92,15 @@ class Field:
         if any(int(d) < 0 for d in self.shape):
             raise ValueError(f"field {self.name!r}: negative dimension in shape {self.shape}")
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        problem = options_problem(self.codec, self.codec_options)
+        if problem:
+            raise ValueError(f"field {self.name!r}: codec_options: {problem}")
+        problem = codec_problem(self.codec, self.dtype, self.shape, self.codec_options)
+        if problem:
+            layout = self.codec_options.get("layout")
+            fits = fitting_codecs(self.dtype, self.shape, layout if isinstance(layout, str) else None)
+            raise SchemaMismatchError(f"field {self.name!r} ({self.dtype} {list(self.shape)}): {problem}; "
+                                      f"codecs that fit: {', '.join(fits)}")
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -101,9 +123,18 @@ class Field:
         return CODECS[self.codec]
 
     @property
-    def native_spec(self) -> tuple[int, int, int, bool]:
-        """Return (codec id, item size, decoded bytes, is bool): the field as the native core takes it."""
-        return (self.codec_id, self.itemsize, self.nbytes, self.dtype == "bool")
+    def geometry(self) -> Geometry | None:
+        """Return the image a png or jpeg field's payload holds (None for other codecs)."""
+        if self.codec not in IMAGE_CODECS:
+            return None
+        return image_geometry(self.shape, self.codec_options.get("layout"))
+
+    @property
+    def native_spec(self) -> tuple:
+        """Return (codec id, item size, decoded bytes, is bool[, height, width, channels, planar]) for the core."""
+        spec = (self.codec_id, self.itemsize, self.nbytes, self.dtype == "bool")
+        g = self.geometry
+        return spec if g is None else (*spec, g.height, g.width, g.channels, g.planar)
 
     def to_json(self) -> dict:
         """Return the manifest's JSON form of the field."""
@@ -131,7 +162,9 @@ def schema_fingerprint(fields: Sequence[Field]) -> int:
     """Return the 64-bit fingerprint of a schema that every v2 record carries (docs/FORMAT.md).
 
     It covers each field's name, dtype, codec and shape, in order (the record
-    layout), but not codec options, which do not change how a record reads.
+    layout), and for png and jpeg the layout option (it decides where each
+    decoded sample goes), but no other codec option: those do not change how
+    a record reads.
     """
     def text(s: str) -> bytes:
         data = s.encode("utf-8")
@@ -140,6 +173,8 @@ def schema_fingerprint(fields: Sequence[Field]) -> int:
     parts = [struct.pack("<I", len(fields))]
     for f in fields:
         parts += [text(f.name), text(f.dtype), text(f.codec), struct.pack(f"<I{len(f.shape)}Q", len(f.shape), *f.shape)]
+        if f.codec in IMAGE_CODECS:
+            parts.append(text(str(f.codec_options.get("layout", ""))))
     return xxhash.xxh3_64_intdigest(b"".join(parts))
 
 
@@ -152,24 +187,6 @@ def bind_key(record: bytes, key: int) -> bytes:
     if record[4:6] == b"\x01\x00":
         return record
     return record[:_KEY_OFFSET] + key.to_bytes(8, "little") + record[_KEY_OFFSET + 8:]
-
-
-def shuffle_bytes(raw: np.ndarray, itemsize: int) -> bytes:
-    """Group byte k of every element together (k = 0..itemsize-1): the zstd-shuffle filter.
-
-    ``raw`` is the flat uint8 view of the elements.
-    """
-    if itemsize == 1:
-        return raw.tobytes()
-    return raw.reshape(-1, itemsize).T.tobytes()
-
-
-def unshuffle_bytes(data: bytes, itemsize: int) -> np.ndarray:
-    """Invert :func:`shuffle_bytes`; returns a writable uint8 array."""
-    raw = np.frombuffer(data, dtype=np.uint8)
-    if itemsize == 1:
-        return raw.copy()
-    return raw.reshape(itemsize, -1).T.copy().reshape(-1)
 
 
 class RecordEncoder:
@@ -185,7 +202,7 @@ class RecordEncoder:
         self._compressors = {
             f.name: zstandard.ZstdCompressor(level=int(f.codec_options.get("level", DEFAULT_ZSTD_LEVEL)))
             for f in self.fields
-            if f.codec != "raw"
+            if f.codec in ("zstd", "zstd-shuffle")
         }
 
     def encode(self, values: Mapping[str, np.ndarray | int | float | bool], key: int = 0) -> bytes:
@@ -211,16 +228,33 @@ class RecordEncoder:
                         f"field {f.name!r}: dtype {arr.dtype} differs from the schema's {f.dtype}"
                     )
             flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            payload = self._payload(f, arr, flat)
+            if f.codec in LOSSY_CODECS:  # the checksum is of what readers decode: the writer decodes its own output
+                geometry = f.geometry
+                assert geometry is not None
+                flat = _payload.jpeg_decode(memoryview(payload), geometry)
             digest = xxhash.xxh3_64_intdigest(flat.data)
-            if f.codec == "raw":
-                payload = flat.tobytes()
-            elif f.codec == "zstd":
-                payload = self._compressors[f.name].compress(flat.data)
-            else:
-                payload = self._compressors[f.name].compress(shuffle_bytes(flat, f.itemsize))
             entries.append(_ENTRY.pack(f.codec_id, len(payload), f.nbytes, digest))
             payloads.append(payload)
         return b"".join(entries + payloads)
+
+    def _payload(self, f: Field, arr: np.ndarray, flat: np.ndarray) -> bytes:
+        if f.codec == "raw":
+            return flat.tobytes()
+        if f.codec == "zstd":
+            return self._compressors[f.name].compress(flat.data)
+        if f.codec == "zstd-shuffle":
+            return self._compressors[f.name].compress(shuffle_bytes(flat, f.itemsize))
+        level = int(f.codec_options.get("level", 0))
+        if f.codec == "lz4":
+            return _payload.lz4_compress(flat.data, level)
+        if f.codec == "lz4-shuffle":
+            return _payload.lz4_compress(shuffle_bytes(flat, f.itemsize), level)
+        geometry = f.geometry
+        assert geometry is not None  # Field checked that the codec holds the field
+        if f.codec == "png":
+            return _payload.png_encode(arr, geometry, f.codec_options)
+        return _payload.jpeg_encode(arr, geometry, f.codec_options)
 
 
 def record_prefix(fields: Sequence[Field], key: int, version: int = RECORD_VERSION) -> bytes:
@@ -318,13 +352,41 @@ def decode_record_into(record: bytes | memoryview, fields: Sequence[Field], out:
             dest[:] = np.frombuffer(payload, dtype=np.uint8)
         elif codec_name == "zstd-shuffle" and itemsize > 1:
             dest[:] = unshuffle_bytes(_decompress(payload, dec, i).tobytes(), itemsize)
-        else:
+        elif codec_name in ("zstd", "zstd-shuffle"):
             dest[:] = _decompress(payload, dec, i)
+        else:
+            dest[:] = _decode_payload(fields[i], payload, dec, i)
         if verify and xxhash.xxh3_64_intdigest(dest.data) != digest:
             raise RecordDecodeError(f"field {i}: checksum mismatch")
         if is_bool and dest.size and int(dest.max()) > 1:
             at = int(np.argmax(dest > 1))
             raise RecordDecodeError(f"field {i}: bool element {at} holds byte {int(dest[at])}, not 0 or 1")
+
+
+def _decode_payload(f: Field, payload: memoryview, expected: int, index: int) -> np.ndarray:
+    if f.codec == "raw":
+        return np.frombuffer(payload, dtype=np.uint8).copy()
+    if f.codec in ("zstd", "zstd-shuffle"):
+        data = _decompress(payload, expected, index)
+    else:
+        try:
+            if f.codec in ("lz4", "lz4-shuffle"):
+                data = _payload.lz4_decompress(payload, expected)
+            else:
+                geometry = f.geometry
+                assert geometry is not None
+                if f.codec == "png":
+                    data = _payload.png_decode(payload, geometry, f.itemsize)
+                else:
+                    data = _payload.jpeg_decode(payload, geometry)
+        except PayloadError as err:
+            raise RecordDecodeError(f"field {index}: {err}") from None
+        if data.size != expected:
+            raise RecordDecodeError(f"field {index}: {f.codec} payload decoded to {data.size} bytes, "
+                                    f"expected {expected}")
+    if f.codec.endswith("-shuffle") and f.itemsize > 1:
+        data = unshuffle_bytes(data, f.itemsize)
+    return data
 
 
 def _decompress(payload: memoryview, expected: int, index: int) -> np.ndarray:

@@ -6,6 +6,7 @@ import os
 import platform
 from pathlib import Path
 
+from ._codecs import CODECS
 from ._manifest import load_manifest
 from ._splits import read_splits
 
@@ -57,7 +58,7 @@ def describe_installation() -> str:
     try:
         from . import _native  # noqa: F401
 
-        native = "built (codecs: raw, zstd, zstd-shuffle; checksum XXH3-64)"
+        native = f"built (codecs: {', '.join(CODECS)}; checksum XXH3-64)"
     except ImportError as err:
         native = f"not available ({err})"
     cpus = os.cpu_count() or 1

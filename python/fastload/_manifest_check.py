@@ -9,7 +9,8 @@ TypeError, OverflowError or RecursionError from further down. The bounds:
 - integers are JSON integers (not booleans, not floats such as ``1e400``) in
   range: counts in [1, 2**63), sizes in [1, 2**63), dimensions in [0, 2**63);
 - names are 1 to ``MAX_NAME_CHARS`` printable characters, unique per schema;
-- dtypes and codecs are ones this fastload knows;
+- dtypes and codecs are ones this fastload knows, codec options in range, and
+  each codec able to hold its field (png/jpeg: dtype, channels, layout);
 - shard ``i`` is named ``shard-{i:05d}.lmdb`` as the writers name them, so a
   shard listed twice, dropped or moved is refused, and hashes are
   ``xxh3-128:`` plus 32 lowercase hex digits.
@@ -25,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from ._codecs import CODECS, codec_problem, options_problem
 from ._dtypes import NUMPY_DTYPES
-from ._format import CODECS, READABLE_FORMAT_VERSIONS
+from ._format import READABLE_FORMAT_VERSIONS
 from .errors import DatasetError
 
 MAX_MANIFEST_BYTES = 256 << 20
@@ -196,6 +198,12 @@ def _check_field(field: Any, where: str, names: set[str]) -> None:
     options = _object(field.get("codec_options", {}), f"{where}.codec_options", set())
     if "level" in options:
         _int(options["level"], f"{where}.codec_options.level", -(2**31), 2**31)
+    problem = options_problem(codec, options)
+    if problem:
+        raise _Invalid(f"{where}.codec_options", problem)
+    problem = codec_problem(codec, dtype, shape, options)
+    if problem:
+        raise _Invalid(f"{where}.codec", problem)
 
 
 def _check_shard(shard: Any, where: str, index: int) -> int:

@@ -9,7 +9,8 @@ RECORD_MAGIC: int
 RECORD_VERSION: int
 DEFAULT_MAX_SAMPLE_BYTES: int
 
-FieldTuple = tuple[int, int, int] | tuple[int, int, int, bool]  # codec id, item size, decoded bytes[, is bool]
+# codec id, item size, decoded bytes[, is bool[, height, width, channels, planar (png and jpeg)]]
+FieldTuple = tuple[int, int, int] | tuple[int, int, int, bool] | tuple[int, int, int, bool, int, int, int, bool]
 # A compiled transform step (fastload.transforms.Step.native): kind, field, in dtype code, in (c, h, w), hwc,
 # out dtype code, out (c, h, w), parameter offset, pad/fill bytes, channels, convert mode, scale, mean, std, rects.
 StepTuple = tuple[int, int, int, list[int], bool, int, list[int], int, bytes, list[int], int, float, list[float],

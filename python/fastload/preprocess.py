@@ -19,11 +19,19 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from ._codecs import (
+    CODECS,
+    IMAGE_CODECS,
+    JPEG_DEFAULT_SUBSAMPLING,
+    JPEG_QUALITY,
+    JPEG_SUBSAMPLING,
+    default_options,
+)
 from ._cli_options import UsageError, check_options, parse_hw, parse_size
 from ._dataset_writer import PROGRESS_NAME, PreprocessError, ShardLimits, WriteJob, WriteResult, write_dataset
 from ._dtypes import NUMPY_DTYPES, dtype_name
 from ._encode import EncodeSettings, TileSpec
-from ._format import CODECS, DEFAULT_ZSTD_LEVEL, Field
+from ._format import Field
 from ._hdf5 import StackInfo, StackSettings
 from ._images import PILLOW_MODES
 from ._label_csv import labels_from_csv
@@ -49,7 +57,8 @@ __all__ = ["UsageError", "build_parser", "main", "parse_hw", "parse_size", "run"
 DEFAULT_SHARD_BYTES = 256 * 10**6
 _OPTIONS_IN_PROVENANCE = ("labels", "labels_from_dirs", "label_column", "path_column", "tile_size", "stride", "edge",
                           "layout", "dtype", "npy_layout", "mode", "val_fraction", "seed", "stratify",
-                          "samples_per_shard", "shard_size", "codec", "level", "skip_bad", "h5_dataset", "h5_labels")
+                          "samples_per_shard", "shard_size", "codec", "level",
+                          "quality", "subsampling", "skip_bad", "h5_dataset", "h5_labels")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=parse_size,
                    help="target shard size, e.g. 512MB (default 256MB); two shards are held in memory")
     p.add_argument("--codec", choices=list(CODECS), default="raw")
-    p.add_argument("--level", type=int, help=f"zstd level, 1 to 22 (default {DEFAULT_ZSTD_LEVEL})")
+    p.add_argument("--level", type=int, help="zstd level (default 3), lz4 level (0 fast, default; 1-12 LZ4HC) or "
+                   "png zlib level (default 6)")
+    p.add_argument("--quality", type=int, help=f"jpeg quality, 1-100 (default {JPEG_QUALITY})")
+    p.add_argument("--subsampling", choices=JPEG_SUBSAMPLING,
+                   help=f"jpeg chroma subsampling of 3-channel images (default {JPEG_DEFAULT_SUBSAMPLING})")
     p.add_argument("--workers", type=int, default=1, help="encoding processes; output is identical for any value")
     p.add_argument("--skip-bad", action="store_true", help="skip unreadable images, listing them in the manifest")
     mode = p.add_mutually_exclusive_group()
@@ -136,8 +149,9 @@ def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
     if args.val_fraction is not None:
         doc["seed"] = 0 if args.seed is None else args.seed
         doc["stratify"] = labelled if args.stratify is None else args.stratify
-    if args.codec != "raw":
-        doc["level"] = DEFAULT_ZSTD_LEVEL if args.level is None else args.level
+    if args.codec != "raw":  # the encoder settings of the codec (docs/FORMAT.md)
+        options = default_options(args.codec, args.level, None, args.quality, args.subsampling)
+        doc.update({k: options[k] for k in ("level", "quality", "subsampling") if k in options})
     return doc
 
 
@@ -156,12 +170,15 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
     _prepare_output(args.output_dir, args.overwrite, args.resume)
 
     labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
-    options = {"level": option_doc["level"]} if args.codec != "raw" else {}
     stacks: dict[str, StackInfo] | None = None
     if args.h5_dataset:
         stacks, probe_bad = probe_stacks(data_dir, sources, args.h5_dataset, args.h5_labels, args.workers,
                                          args.skip_bad)
-        fields = stack_fields(next(iter(stacks.values())), args.dtype, args.codec, options, labelled)
+        options = default_options(args.codec, args.level, None, args.quality, args.subsampling)
+        try:
+            fields = stack_fields(next(iter(stacks.values())), args.dtype, args.codec, options, labelled)
+        except ValueError as err:  # the codec cannot hold the stack's samples (SchemaMismatchError)
+            raise UsageError(f"--codec {args.codec}: {err}") from None
         settings: Any = StackSettings(str(data_dir), fields, args.h5_dataset, args.h5_labels)
         tiles = TileSpec()
         plans = [stack_plan(name, part, stacks) for name, part in _split(args, sources, option_doc)]
@@ -178,7 +195,12 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         layout = args.layout or "chw"
         shape = (ref.channels, height, width) if layout == "chw" else (height, width, ref.channels)
         image_dtype = args.dtype or dtype_name(np.dtype(ref.dtype))
-        fields = (Field("image", image_dtype, shape, args.codec, options),)
+        options = default_options(args.codec, args.level, layout if args.codec in IMAGE_CODECS else None,
+                                  args.quality, args.subsampling)
+        try:
+            fields = (Field("image", image_dtype, shape, args.codec, options),)
+        except ValueError as err:  # the codec cannot hold the images (SchemaMismatchError)
+            raise UsageError(f"--codec {args.codec}: {err}") from None
         if labelled:
             fields += (Field("label", "int64", ()),)
         settings = EncodeSettings(str(data_dir), fields, tiles, layout, args.npy_layout, args.mode)
