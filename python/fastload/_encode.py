@@ -105,8 +105,8 @@ def _int_that_holds(lo: int, hi: int) -> str:
     return "float64"
 
 
-def encode_source(settings: EncodeSettings, relpath: str, label: int | None, skip_tiles: int = 0) -> list[bytes]:
-    """Read one source image and return the records of its tiles from ``skip_tiles`` on.
+def source_samples(settings: EncodeSettings, relpath: str, skip_tiles: int = 0) -> list[np.ndarray]:
+    """Read one source image and return its samples (tiles in the field's layout) from ``skip_tiles`` on.
 
     Raises ImageReadError naming the file when it cannot be read or disagrees with the schema.
     """
@@ -121,13 +121,25 @@ def encode_source(settings: EncodeSettings, relpath: str, label: int | None, ski
     if settings.tiles.tile is None and image_field_hw(image_field, settings.layout) != image.shape[:2]:
         raise ImageReadError(path, f"shape {image.shape[:2]} differs from the dataset's "
                                    f"{image_field_hw(image_field, settings.layout)}")
-    encoder = RecordEncoder(settings.fields)
-    records = []
+    samples = []
     for y, x in settings.tiles.grid(image.shape[0], image.shape[1])[skip_tiles:]:
         sample = cut_tile(image, y, x, tile)
         if settings.layout == "chw":
             sample = sample.transpose(2, 0, 1)
-        values: dict[str, Any] = {image_field.name: np.ascontiguousarray(sample)}
+        samples.append(np.ascontiguousarray(sample))
+    return samples
+
+
+def encode_source(settings: EncodeSettings, relpath: str, label: int | None, skip_tiles: int = 0) -> list[bytes]:
+    """Read one source image and return the records of its tiles from ``skip_tiles`` on.
+
+    Raises ImageReadError naming the file when it cannot be read or disagrees with the schema.
+    """
+    image_field = settings.fields[0]
+    encoder = RecordEncoder(settings.fields)
+    records = []
+    for sample in source_samples(settings, relpath, skip_tiles):
+        values: dict[str, Any] = {image_field.name: sample}
         if label is not None:
             values["label"] = np.int64(label)
         records.append(encoder.encode(values))

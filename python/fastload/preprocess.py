@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from ._auto import PREFERENCES, Choice, choose_codec, sample_indices
+from ._cli_options import UsageError, check_options, parse_hw, parse_size
 from ._codecs import (
     CODECS,
     IMAGE_CODECS,
@@ -27,13 +29,12 @@ from ._codecs import (
     JPEG_SUBSAMPLING,
     default_options,
 )
-from ._cli_options import UsageError, check_options, parse_hw, parse_size
 from ._dataset_writer import PROGRESS_NAME, PreprocessError, ShardLimits, WriteJob, WriteResult, write_dataset
 from ._dtypes import NUMPY_DTYPES, dtype_name
-from ._encode import EncodeSettings, TileSpec
+from ._encode import EncodeSettings, TileSpec, source_samples
 from ._format import Field
 from ._hdf5 import StackInfo, StackSettings
-from ._images import PILLOW_MODES
+from ._images import PILLOW_MODES, ImageReadError
 from ._label_csv import labels_from_csv
 from ._manifest import MANIFEST_NAME
 from ._preprocess_h5 import probe_stacks, stack_fields, stack_job, stack_plan
@@ -55,10 +56,11 @@ from .errors import DatasetError
 __all__ = ["UsageError", "build_parser", "main", "parse_hw", "parse_size", "run"]
 
 DEFAULT_SHARD_BYTES = 256 * 10**6
+AUTO_SOURCES = 16  # --codec auto samples tiles of this many source images
 _OPTIONS_IN_PROVENANCE = ("labels", "labels_from_dirs", "label_column", "path_column", "tile_size", "stride", "edge",
                           "layout", "dtype", "npy_layout", "mode", "val_fraction", "seed", "stratify",
                           "samples_per_shard", "shard_size", "codec", "level",
-                          "quality", "subsampling", "skip_bad", "h5_dataset", "h5_labels")
+                          "quality", "subsampling", "prefer", "lossy_ok", "skip_bad", "h5_dataset", "h5_labels")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples-per-shard", type=int)
     p.add_argument("--shard-size", type=parse_size,
                    help="target shard size, e.g. 512MB (default 256MB); two shards are held in memory")
-    p.add_argument("--codec", choices=list(CODECS), default="raw")
+    p.add_argument("--codec", choices=[*CODECS, "auto"], default="raw",
+                   help="auto: try the codecs that fit on a sample of the tiles and pick by --prefer")
+    p.add_argument("--prefer", choices=PREFERENCES, default="balanced",
+                   help="--codec auto's rule: smallest output (size), smallest among codecs decoding at least 5%% "
+                        "(balanced) or 50%% (speed) of raw's speed")
+    p.add_argument("--lossy-ok", action="store_true", help="--codec auto may pick jpeg")
     p.add_argument("--level", type=int, help="zstd level (default 3), lz4 level (0 fast, default; 1-12 LZ4HC) or "
                    "png zlib level (default 6)")
     p.add_argument("--quality", type=int, help=f"jpeg quality, 1-100 (default {JPEG_QUALITY})")
@@ -171,7 +178,10 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
 
     labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
     stacks: dict[str, StackInfo] | None = None
+    choice: Choice | None = None
     if args.h5_dataset:
+        if args.codec == "auto":
+            raise UsageError("--codec auto works on images; name a codec with --h5-dataset")
         stacks, probe_bad = probe_stacks(data_dir, sources, args.h5_dataset, args.h5_labels, args.workers,
                                          args.skip_bad)
         options = default_options(args.codec, args.level, None, args.quality, args.subsampling)
@@ -195,12 +205,16 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         layout = args.layout or "chw"
         shape = (ref.channels, height, width) if layout == "chw" else (height, width, ref.channels)
         image_dtype = args.dtype or dtype_name(np.dtype(ref.dtype))
-        options = default_options(args.codec, args.level, layout if args.codec in IMAGE_CODECS else None,
-                                  args.quality, args.subsampling)
-        try:
-            fields = (Field("image", image_dtype, shape, args.codec, options),)
-        except ValueError as err:  # the codec cannot hold the images (SchemaMismatchError)
-            raise UsageError(f"--codec {args.codec}: {err}") from None
+        if args.codec == "auto":
+            choice = _choose_codec(args, data_dir, good, Field("image", image_dtype, shape), tiles, layout)
+            fields = (choice.field,)
+        else:
+            options = default_options(args.codec, args.level, layout if args.codec in IMAGE_CODECS else None,
+                                      args.quality, args.subsampling)
+            try:
+                fields = (Field("image", image_dtype, shape, args.codec, options),)
+            except ValueError as err:  # the codec cannot hold the images (SchemaMismatchError)
+                raise UsageError(f"--codec {args.codec}: {err}") from None
         if labelled:
             fields += (Field("label", "int64", ()),)
         settings = EncodeSettings(str(data_dir), fields, tiles, layout, args.npy_layout, args.mode)
@@ -221,6 +235,8 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
             print(f"{out}: already complete")
             continue
         provenance = _provenance(option_doc, data_dir, plan.name)
+        if choice is not None:
+            provenance["codec_choice"] = {"image": choice.to_json()}
         bad = [b for b in probe_bad if b["path"] in plan.all_paths]
         extra: dict[str, Any] = {"classes": classes} if classes is not None else {}
         if plan.no_tiles:
@@ -258,6 +274,27 @@ def _print_plans(plans: list[SplitPlan], classes: list[str] | None, labelled: bo
             counts = class_counts(plan, classes)
             line += "; per class: " + ", ".join(f"{c} {n}" for c, n in counts.items())
         print(line)
+
+
+def _choose_codec(args: argparse.Namespace, data_dir: Path, good: list[Source], raw_field: Field,
+                  tiles: TileSpec, layout: str) -> Choice:
+    """Run --codec auto on tiles of up to AUTO_SOURCES images spread over the sorted sources."""
+    settings = EncodeSettings(str(data_dir), (raw_field,), tiles, layout, args.npy_layout, args.mode)
+    picks = np.unique(np.linspace(0, len(good) - 1, min(len(good), AUTO_SOURCES)).astype(int))
+    samples = []
+    for i in picks:
+        try:
+            samples += source_samples(settings, good[i].relpath)
+        except ImageReadError as err:
+            if not args.skip_bad:
+                raise PreprocessError(str(err)) from None
+    if not samples:
+        raise UsageError("--codec auto: the sampled images give no tiles")
+    stack = np.stack(samples)
+    stack = stack[sample_indices(len(stack), stack[0].nbytes)]
+    choice = choose_codec("image", stack, layout if stack.ndim == 4 else None, args.prefer, args.lossy_ok)
+    print(choice.summary())
+    return choice
 
 def _summary(results: list[WriteResult], elapsed: float) -> str:
     samples = sum(r.manifest.total for r in results)
