@@ -105,13 +105,36 @@ def chart(groups: dict[str, list[dict]], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
+def codec_table(groups: dict[str, list[dict]]) -> str:
+    """Return the codecs benchmark (benchmarks/test_codecs.py) as one row per dataset and codec."""
+    lines = ["| data | codec | ratio | conversion MB/s | native 1 thread samples/s | native 2 threads samples/s "
+             "| floor samples/s (1 thread) | native 1t vs floor |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for group in sorted(g for g in groups if g.startswith("codecs-")):
+        rows = {r["config"]: r for r in groups[group]}
+        codecs = [c[: -len("-native-1t")] for c in rows if c.endswith("-native-1t")]
+        for codec in sorted(codecs, key=lambda c: -rows[f"{c}-native-1t"]["ratio"]):
+            one, two = rows[f"{codec}-native-1t"], rows.get(f"{codec}-native-2t", {})
+            floor = rows.get("floor-memcpy" if codec == "raw" else f"floor-{codec}-library-1t", {})
+            floor_rate = floor.get("samples_per_s", 0.0)
+            versus = f"{one['samples_per_s'] / floor_rate:.2f}" if floor_rate else ""
+            lines.append(f"| {group[len('codecs-'):]} | {codec} | {one['ratio']:.2f} | {one['convert_mb_s']:,.0f} | "
+                         f"{one['samples_per_s']:,.0f} | {two.get('samples_per_s', 0):,.0f} | {floor_rate:,.0f} | "
+                         f"{versus} |")
+    lines += ["", "Floor: memcpy for raw; for a codec, its library alone over the same payloads, one thread."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     src = Path(argv[1]) if len(argv) > 1 else Path(__file__).parent / "results" / "latest.json"
     machine, groups = load(src)
+    codec_groups = {g: rows for g, rows in groups.items() if g.startswith("codecs-")}
+    groups = {g: rows for g, rows in groups.items() if not g.startswith("codecs-")}
     groups, sampling = split_sampling(groups)
     text = table(machine, groups) if groups else ""
     if sampling:
         text += "\n\nSampling (benchmarks/test_sampling.py, native, 2 threads):\n\n" + sampling_table(sampling)
+    if codec_groups:
+        text += "\n\n" + codec_table(codec_groups)
     src.with_suffix(".md").write_text(text + "\n")
     if groups:
         chart(groups, src.with_suffix(".png"))

@@ -478,6 +478,37 @@ void decode_records(const py::buffer& blob, const py::array_t<uint64_t, py::arra
              DecoderOptions{verify, kDefaultMaxSampleBytes, version, fingerprint});
 }
 
+void library_decode(int codec, const py::buffer& blob,
+                    const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& offsets,
+                    const py::buffer& out, size_t decoded_bytes, uint32_t height, uint32_t width, uint32_t channels) {
+  if (codec < 0 || codec > kLastCodec) throw py::value_error("unknown codec id " + std::to_string(codec));
+  if (offsets.size() < 1) throw py::value_error("library_decode: offsets needs at least one entry");
+  py::buffer_info in = blob.request();
+  py::buffer_info dst = out.request(true);
+  const auto blob_size = static_cast<uint64_t>(in.size * in.itemsize);
+  std::vector<uint64_t> bounds(offsets.data(), offsets.data() + offsets.size());
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    if (bounds[i] > blob_size || (i > 0 && bounds[i] < bounds[i - 1])) {
+      throw py::value_error("library_decode: offsets must be non-decreasing and within the blob");
+    }
+  }
+  uint64_t needed = 0;
+  if (!checked_mul(static_cast<uint64_t>(bounds.size() - 1), static_cast<uint64_t>(decoded_bytes), &needed) ||
+      static_cast<uint64_t>(dst.size * dst.itemsize) < needed) {
+    throw py::value_error("library_decode: output buffer too small");
+  }
+  if (codec == static_cast<int>(Codec::kPng) || codec == static_cast<int>(Codec::kJpeg)) {
+    uint64_t bytes = 0;
+    if (!checked_mul(uint64_t{height} * width, uint64_t{channels}, &bytes) || bytes > decoded_bytes ||
+        decoded_bytes % bytes != 0 || decoded_bytes / bytes > 2) {
+      throw py::value_error("library_decode: image geometry disagrees with decoded_bytes");
+    }
+  }
+  py::gil_scoped_release release;
+  library_decode_all(static_cast<Codec>(codec), static_cast<const uint8_t*>(in.ptr), bounds,
+                     static_cast<uint8_t*>(dst.ptr), decoded_bytes, ImageGeometry{height, width, channels, false});
+}
+
 uint64_t lookup_records(const ShardSet& shards, const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices) {
   std::vector<uint64_t> copy(indices.data(), indices.data() + indices.size());
   for (uint64_t index : copy) {
@@ -532,6 +563,9 @@ PYBIND11_MODULE(_native, m) {
       },
       py::arg("path"), py::arg("expected_records"),
       "Validates a shard file's whole LMDB structure (CorruptShardError if unsound); returns a summary.");
+  m.def("library_decode", &library_decode, py::arg("codec"), py::arg("blob"), py::arg("offsets"), py::arg("out"),
+        py::arg("decoded_bytes"), py::arg("height") = 0, py::arg("width") = 0, py::arg("channels") = 0,
+        "Decodes payloads laid end to end with the codec's library alone, one thread (a benchmark floor).");
   m.attr("RECORD_MAGIC") = kRecordMagic;
   m.attr("RECORD_VERSION") = kRecordVersion;
   m.attr("DEFAULT_MAX_SAMPLE_BYTES") = kDefaultMaxSampleBytes;

@@ -146,4 +146,19 @@ void ImageDecoder::decode_jpeg(const uint8_t* src, size_t src_size, const ImageG
   }
 }
 
+bool plain_png_decode(const uint8_t* src, size_t src_size, uint8_t* dst, size_t dst_size) {
+  std::unique_ptr<spng_ctx, SpngDeleter> ctx(spng_ctx_new(0));
+  return ctx && spng_set_png_buffer(ctx.get(), src, src_size) == 0 &&
+         spng_decode_image(ctx.get(), dst, dst_size, SPNG_FMT_PNG, 0) == 0;
+}
+
+void* plain_jpeg_handle() { return tjInitDecompress(); }
+
+void plain_jpeg_free(void* tj_handle) noexcept { tjDestroy(tj_handle); }
+
+bool plain_jpeg_decode(void* tj_handle, const uint8_t* src, size_t src_size, uint8_t* dst, const ImageGeometry& g) {
+  return tjDecompress2(tj_handle, src, static_cast<unsigned long>(src_size), dst, static_cast<int>(g.width), 0,
+                       static_cast<int>(g.height), g.channels == 1 ? TJPF_GRAY : TJPF_RGB, 0) == 0;
+}
+
 }  // namespace fastload

@@ -56,4 +56,12 @@ class ImageDecoder {
   std::vector<uint8_t> scratch_;
 };
 
+// The libraries' own decode calls with none of the checks or layout work
+// above (interleaved output, fresh context per image as decode_png uses):
+// the benchmarks' floors. Return false when the library reports an error.
+bool plain_png_decode(const uint8_t* src, size_t src_size, uint8_t* dst, size_t dst_size);
+bool plain_jpeg_decode(void* tj_handle, const uint8_t* src, size_t src_size, uint8_t* dst, const ImageGeometry& g);
+void* plain_jpeg_handle();
+void plain_jpeg_free(void* tj_handle) noexcept;
+
 }  // namespace fastload

@@ -36,6 +36,10 @@ def decode_records(blob: ArrayLike, offsets: ArrayLike, fields: Sequence[FieldTu
                    verify: bool = True, version: int = 2, fingerprint: int = 0) -> None:
     """Decode records laid end to end in one thread (a benchmark floor; keys are not checked)."""
 
+def library_decode(codec: int, blob: ArrayLike, offsets: ArrayLike, out: ArrayLike, decoded_bytes: int,
+                   height: int = 0, width: int = 0, channels: int = 0) -> None:
+    """Decode payloads laid end to end with the codec's library alone, one thread (a benchmark floor)."""
+
 def lookup_records(shards: ShardSet, indices: ArrayLike) -> int:
     """Look records up in the shards in one thread without decoding; return their total bytes (a floor)."""
 
