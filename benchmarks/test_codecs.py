@@ -2,7 +2,8 @@
 
 Run: ``pytest benchmarks/test_codecs.py --benchmark-only`` (part of ``make bench``; ``report.py``
 adds the "codecs" table). Datasets: ``photo`` (3x128x128 uint8 tiles of scikit-image's
-photographs, stride 32), ``multispectral`` (13x64x64 uint16, smooth waves plus noise) and
+photographs, stride 32), ``multispectral`` (13x64x64 uint16 of 12-bit values, smooth waves plus
+sensor noise of 8 levels) and
 ``small`` (3x32x32 uint8, the same generator). Each codec that fits the data is written with
 ``write_arrays`` (its time gives the conversion MB/s, one process) and read for one shuffled
 epoch by ``ShardLoader`` with 1 and 2 threads (batch 256, checksums verified). Floors, measured
@@ -45,9 +46,23 @@ def photo_tiles() -> np.ndarray:
     return np.stack(tiles[:60] if QUICK else tiles).transpose(0, 3, 1, 2).copy()
 
 
+def multispectral() -> np.ndarray:
+    """13-band 12-bit rasters (values below 4096, as Sentinel-2's): smooth waves plus sensor noise of 8 levels."""
+    rng = np.random.default_rng(0)
+    n = 200 if QUICK else 2000
+    yy, xx = np.mgrid[0:64, 0:64].astype(np.float32)
+    out = np.empty((n, 13, 64, 64), np.uint16)
+    for i in range(n):
+        fx, fy, phase = rng.uniform(0.02, 0.2, size=3)
+        wave = np.sin(xx * fx + yy * fy + phase * 10)[None] * rng.uniform(300, 900, size=(13, 1, 1))
+        level = rng.uniform(1000, 2500, size=(13, 1, 1))
+        out[i] = np.clip(level + wave + rng.normal(0, 8, size=(13, 64, 64)), 0, 4095).astype(np.uint16)
+    return out
+
+
 KINDS = {
     "photo": photo_tiles,
-    "multispectral": lambda: smooth_noisy(np.random.default_rng(0), 200 if QUICK else 2000, (13, 64, 64), "uint16"),
+    "multispectral": multispectral,
     "small": lambda: smooth_noisy(np.random.default_rng(0), 1000 if QUICK else 10000, (3, 32, 32), "uint8"),
 }
 QUICK_CODECS = {"raw", "lz4", "png"}
