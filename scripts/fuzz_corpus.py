@@ -24,7 +24,7 @@ def main(out: Path) -> None:
     # name: (records, image side, value range); noisy 3x32x32 records do not compress below a page.
     kinds = {"few": (5, 8, 8), "branch": (150, 8, 8), "overflow": (4, 32, 2**16)}
     with tempfile.TemporaryDirectory() as tmp:
-        for codec in ("raw", "zstd", "zstd-shuffle"):
+        for codec in ("raw", "zstd", "zstd-shuffle", "lz4", "lz4-shuffle", "png"):
             for kind, (n, side, top) in kinds.items():
                 images = rng.integers(0, top, (n, 3, side, side), dtype=np.uint16)
                 ds = Path(tmp) / f"{kind}-{codec}"

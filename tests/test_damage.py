@@ -26,7 +26,7 @@ import pytest
 
 import fastload
 
-CODECS = ["raw", "zstd", "zstd-shuffle"]
+CODECS = ["raw", "zstd", "zstd-shuffle", "lz4", "lz4-shuffle", "png"]
 FLIPS_PER_REGION = 30
 BATCHES = 4
 WORKER = Path(__file__).with_name("damage_worker.py")

@@ -7,8 +7,8 @@
 //
 // Built by `make fuzz` (clang, -fsanitize=fuzzer,address,undefined); the seed
 // corpus comes from scripts/fuzz_corpus.py: shards of records with an
-// "image" field of 3x8x8 or 3x32x32 uint16 (raw, zstd or zstd-shuffle) and a
-// raw int64 "label".
+// "image" field of 3x8x8 or 3x32x32 uint16 (raw, zstd, zstd-shuffle, lz4,
+// lz4-shuffle or png, chw) and a raw int64 "label".
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -26,7 +26,7 @@ using namespace fastload;
 
 namespace {
 
-constexpr uint64_t kImageBytes[] = {3 * 8 * 8 * 2, 3 * 32 * 32 * 2};
+constexpr uint32_t kImageSides[] = {8, 32};
 
 // The record count the file claims (its newer meta page), so that mutated
 // counts still reach the tree walk; 0 when the metas are unreadable.
@@ -50,7 +50,7 @@ void decode_each(const ShardFile& shard, RecordDecoder& decoder, uint8_t* const*
 }
 
 void decode_all(const ShardFile& shard) {
-  std::vector<uint8_t> image(kImageBytes[1]), label(8);
+  std::vector<uint8_t> image(size_t{3} * kImageSides[1] * kImageSides[1] * 2), label(8);
   uint8_t* dest[] = {image.data(), label.data()};
   // Format v2 records carry their schema's fingerprint; take the first record's, so that the
   // decoder gets past that check to the payloads (the harness cannot know the manifest).
@@ -59,9 +59,12 @@ void decode_all(const ShardFile& shard) {
     const auto [bytes, size] = shard.record(0);
     if (size >= 24) std::memcpy(&fingerprint, bytes + 16, 8);
   }
-  for (const uint64_t image_bytes : kImageBytes) {
-    for (Codec codec : {Codec::kRaw, Codec::kZstd, Codec::kZstdShuffle}) {
-      RecordDecoder decoder({FieldSpec{codec, 2, image_bytes}, FieldSpec{Codec::kRaw, 8, 8}},
+  for (const uint32_t side : kImageSides) {
+    const uint64_t image_bytes = uint64_t{3} * side * side * 2;
+    for (Codec codec : {Codec::kRaw, Codec::kZstd, Codec::kZstdShuffle, Codec::kLz4, Codec::kLz4Shuffle,
+                        Codec::kPng}) {
+      const FieldSpec image_spec{codec, 2, image_bytes, false, ImageGeometry{side, side, 3, true}};
+      RecordDecoder decoder({image_spec, FieldSpec{Codec::kRaw, 8, 8}},
                             DecoderOptions{true, kDefaultMaxSampleBytes, kRecordVersion, fingerprint});
       decode_each(shard, decoder, dest);
     }
