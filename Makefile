@@ -16,9 +16,10 @@ FUZZ_PACKAGES := clang libclang-rt-dev
 SHARD_TEST_DIR := build/cross-test-shards
 
 # The Windows cross-build: mingw-w64 (posix threads) and Wine (64-bit), with a
-# project-local, headless Wine prefix. zstd and xxHash come from pinned,
-# hash-checked source archives (cmake/third_party_windows.cmake).
-WINDOWS_PACKAGES := g++-mingw-w64-x86-64-posix wine64 wine
+# project-local, headless Wine prefix. zstd, xxHash, lz4, libspng and
+# libjpeg-turbo come from pinned, hash-checked source archives
+# (cmake/third_party_windows.cmake); zlib for libspng is Debian's mingw-w64 build.
+WINDOWS_PACKAGES := g++-mingw-w64-x86-64-posix wine64 wine libz-mingw-w64-dev
 WINDOWS_BUILD    := build/windows-core
 WINE_ENV         := WINEPREFIX=$(abspath build/wineprefix) WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml=" DISPLAY=
 FUZZ_BUILD   := build/fuzz

@@ -9,10 +9,16 @@
 # To add a library: one fastload_third_party_source() call (name, version,
 # sha256, the bundled files to extract) and one add_library over its files.
 #
-#   lib      PyPI sdist            bundled as
-#   zstd     zstandard 0.23.0      zstd/zstd.c (single-file zstd 1.5.6) + headers
-#   xxHash   xxhash 3.5.0          deps/xxhash/xxhash.{c,h} (xxHash 0.8.2)
-#   LMDB     lmdb 3.0.0            lib/mdb.c, midl.c (LMDB 0.9.36, without py-lmdb's patches)
+#   lib            PyPI sdist         bundled as
+#   zstd           zstandard 0.23.0   zstd/zstd.c (single-file zstd 1.5.6) + headers
+#   xxHash         xxhash 3.5.0       deps/xxhash/xxhash.{c,h} (xxHash 0.8.2)
+#   lz4            lz4 4.4.5          lz4libs/lz4.{c,h} (lz4 1.9.4)
+#   libspng        pyspng 0.1.4       vendor/libspng-0.7.4/spng/spng.{c,h}
+#   libjpeg-turbo  pylibjxl 0.5.0     third_party/libjpeg-turbo (3.1.3, the whole tree,
+#                                     built with its own CMake, SIMD off: no nasm needed)
+#   LMDB           lmdb 3.0.0         lib/mdb.c, midl.c (LMDB 0.9.36, without py-lmdb's patches)
+# zlib (for libspng) is the target's own: Debian's libz-mingw-w64-dev for the
+# mingw-w64 cross-build (the Makefile installs it), linked statically.
 # The core reads shards without liblmdb: LMDB is built only for
 # csrc/tests/lmdb_readonly_tests.cpp, which checks py-lmdb's read-only
 # opening of shards on Windows.
@@ -23,8 +29,16 @@ set(FASTLOAD_THIRD_PARTY_DOWNLOADS "${CMAKE_BINARY_DIR}/third-party-downloads" C
     "Where the pinned source archives are downloaded (and reused when their hash matches)")
 
 # Downloads (when missing) and checks PyPI sdist NAME==VERSION, then extracts
-# PATTERNS from it; sets <VAR> to the extracted top directory.
+# PATTERNS from it; sets <VAR> to the extracted top directory. pip reads an
+# sdist's metadata to download it: with BUILD_ISOLATION first, it installs the
+# sdist's build requirements for that (lz4's version comes from setuptools_scm).
 function(fastload_third_party_source VAR NAME VERSION SHA256)
+  set(patterns ${ARGN})
+  set(isolation --no-build-isolation)
+  if(patterns AND "${ARGV4}" STREQUAL "BUILD_ISOLATION")
+    list(REMOVE_AT patterns 0)
+    set(isolation "")
+  endif()
   set(archive "${FASTLOAD_THIRD_PARTY_DOWNLOADS}/${NAME}-${VERSION}.tar.gz")
   if(EXISTS "${archive}")
     file(SHA256 "${archive}" have)
@@ -34,7 +48,7 @@ function(fastload_third_party_source VAR NAME VERSION SHA256)
     message(STATUS "fastload: downloading the ${NAME} ${VERSION} source distribution from PyPI")
     execute_process(
       COMMAND ${FASTLOAD_DOWNLOAD_PYTHON} -m pip download --quiet --no-deps --no-binary :all:
-              --no-build-isolation -d "${FASTLOAD_THIRD_PARTY_DOWNLOADS}" "${NAME}==${VERSION}"
+              ${isolation} -d "${FASTLOAD_THIRD_PARTY_DOWNLOADS}" "${NAME}==${VERSION}"
       RESULT_VARIABLE rc)
     if(NOT rc EQUAL 0 OR NOT EXISTS "${archive}")
       message(FATAL_ERROR "fastload: could not download ${NAME}==${VERSION} (sdist) with pip; put "
@@ -48,7 +62,7 @@ function(fastload_third_party_source VAR NAME VERSION SHA256)
   set(dest "${CMAKE_BINARY_DIR}/third-party/${SHA256}")
   if(NOT EXISTS "${dest}/.extracted")
     file(REMOVE_RECURSE "${dest}")
-    file(ARCHIVE_EXTRACT INPUT "${archive}" DESTINATION "${dest}" PATTERNS ${ARGN})
+    file(ARCHIVE_EXTRACT INPUT "${archive}" DESTINATION "${dest}" PATTERNS ${patterns})
     file(TOUCH "${dest}/.extracted")
   endif()
   set(${VAR} "${dest}/${NAME}-${VERSION}" PARENT_SCOPE)
@@ -77,5 +91,62 @@ target_include_directories(fastload_lmdb SYSTEM PUBLIC "${_lmdb}/lib")
 find_package(Threads REQUIRED)
 target_link_libraries(fastload_lmdb PUBLIC Threads::Threads)
 
+fastload_third_party_source(_lz4 lz4 4.4.5
+  5f0b9e53c1e82e88c10d7c180069363980136b9d7a8306c4dca4f760d60c39f0
+  BUILD_ISOLATION lz4-4.4.5/lz4libs/*)
+add_library(fastload_lz4 STATIC "${_lz4}/lz4libs/lz4.c")
+target_include_directories(fastload_lz4 SYSTEM PUBLIC "${_lz4}/lz4libs")
+
+# libspng inflates with zlib: the target's own, linked statically.
+find_path(FASTLOAD_ZLIB_INCLUDE_DIR zlib.h)
+find_library(FASTLOAD_ZLIB_LIBRARY NAMES libz.a z zlib)
+if(NOT FASTLOAD_ZLIB_INCLUDE_DIR OR NOT FASTLOAD_ZLIB_LIBRARY)
+  message(FATAL_ERROR "fastload: zlib for the target was not found (libspng needs it); for the mingw-w64 "
+                      "cross-build: sudo apt-get install libz-mingw-w64-dev")
+endif()
+fastload_third_party_source(_pyspng pyspng 0.1.4
+  c715f97caf46c7d2fe1cd473114e36c7bba7d9a4ef6575b46e0e53de9354759a
+  pyspng-0.1.4/vendor/libspng-0.7.4/spng/*)
+set(_spng "${_pyspng}/vendor/libspng-0.7.4/spng")
+add_library(fastload_spng STATIC "${_spng}/spng.c")
+target_include_directories(fastload_spng SYSTEM PUBLIC "${_spng}" PRIVATE "${FASTLOAD_ZLIB_INCLUDE_DIR}")
+# SPNG_STATIC: spng.h declares the functions dllimport on Windows without it.
+target_compile_definitions(fastload_spng PUBLIC SPNG_STATIC)
+target_link_libraries(fastload_spng PUBLIC "${FASTLOAD_ZLIB_LIBRARY}")
+
+# libjpeg-turbo: its own CMake (it generates its configuration headers and
+# builds each source at three sample precisions), for the same target, with
+# fixed options; only its static TurboJPEG library is built (the sdist lacks
+# the documents its install step copies, so nothing is installed).
+fastload_third_party_source(_pylibjxl pylibjxl 0.5.0
+  3fea4e1a4b8fee307c4ce8c8be9f8ef14062d78baa85ee9137c234a9a2f89b79
+  pylibjxl-0.5.0/third_party/libjpeg-turbo/*)
+set(_jpeg_src "${_pylibjxl}/third_party/libjpeg-turbo")
+set(_jpeg_build "${CMAKE_BINARY_DIR}/libjpeg-turbo")
+# (An install prefix on this machine all the same: its default for Windows is c:/.)
+set(_jpeg_args -DCMAKE_BUILD_TYPE=Release "-DCMAKE_INSTALL_PREFIX=${_jpeg_build}/not-installed" -DENABLE_SHARED=OFF -DENABLE_STATIC=ON -DWITH_SIMD=OFF
+    -DWITH_TURBOJPEG=ON -DWITH_JAVA=OFF -DWITH_TOOLS=OFF -DWITH_TESTS=OFF -DWITH_FUZZ=OFF)
+if(CMAKE_TOOLCHAIN_FILE)
+  get_filename_component(_toolchain "${CMAKE_TOOLCHAIN_FILE}" ABSOLUTE BASE_DIR "${CMAKE_SOURCE_DIR}")
+  list(APPEND _jpeg_args "-DCMAKE_TOOLCHAIN_FILE=${_toolchain}")
+endif()
+if(CMAKE_MAKE_PROGRAM)
+  list(APPEND _jpeg_args "-DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}")
+endif()
+include(ExternalProject)
+ExternalProject_Add(fastload_libjpeg_turbo_build
+  SOURCE_DIR "${_jpeg_src}"
+  BINARY_DIR "${_jpeg_build}"
+  CMAKE_ARGS ${_jpeg_args}
+  BUILD_COMMAND ${CMAKE_COMMAND} --build <BINARY_DIR> --target turbojpeg-static
+  BUILD_BYPRODUCTS "${_jpeg_build}/libturbojpeg.a"
+  UPDATE_COMMAND "" INSTALL_COMMAND ""
+  LOG_CONFIGURE ON LOG_BUILD ON LOG_OUTPUT_ON_FAILURE ON)
+add_library(fastload_turbojpeg STATIC IMPORTED GLOBAL)
+set_target_properties(fastload_turbojpeg PROPERTIES IMPORTED_LOCATION "${_jpeg_build}/libturbojpeg.a"
+  INTERFACE_INCLUDE_DIRECTORIES "${_jpeg_src}/src")
+add_dependencies(fastload_turbojpeg fastload_libjpeg_turbo_build)
+
 add_library(fastload_deps INTERFACE)
-target_link_libraries(fastload_deps INTERFACE fastload_zstd fastload_xxhash)
+target_link_libraries(fastload_deps INTERFACE fastload_zstd fastload_xxhash fastload_lz4 fastload_spng
+  fastload_turbojpeg)

@@ -8,7 +8,11 @@
 // Built for Linux (`make test-cpp`, under ASan+UBSan) and for Windows
 // (`make test-windows-core`, mingw-w64, run under Wine).
 //
-// Usage: shard_tests DIR, where DIR holds dataset/ and order.txt.
+// Also the png, lz4-shuffle and jpeg payloads the Python writer made
+// (DIR/codecs), decoded by this build's libspng, liblz4 and TurboJPEG.
+//
+// Usage: shard_tests DIR, where DIR holds dataset/, order.txt, codecs/ and
+// codecs-photo.bin.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -177,6 +181,64 @@ std::vector<uint64_t> test_order(const fs::path& dir) {
   for (uint64_t k = 0; k < n; ++k) same += p(k) == expected[k];
   CHECK(same == n);
   return expected;
+}
+
+// DIR/codecs (scripts/cross_test_shards.py): png and lz4-shuffle fields equal
+// the values written, the jpeg field equals the pure-Python reader's decode
+// (the same TurboJPEG calls; libjpeg-turbo's C and SIMD paths give the same
+// pixels), for every sample, read by 2 threads.
+void test_codecs(const fs::path& dir) {
+  constexpr uint64_t n = 40;
+  const std::vector<FieldSpec> fields = {
+      FieldSpec{Codec::kPng, 1, 3 * 16 * 16, false, ImageGeometry{16, 16, 3, true}},
+      FieldSpec{Codec::kPng, 2, 16 * 16 * 2, false, ImageGeometry{16, 16, 1, false}},
+      FieldSpec{Codec::kLz4Shuffle, 2, 5 * 8 * 8 * 2},
+      FieldSpec{Codec::kJpeg, 1, 3 * 16 * 16, false, ImageGeometry{16, 16, 3, true}}};
+  std::ifstream in(dir / "codecs-photo.bin", std::ios::binary);
+  std::vector<uint8_t> photo(n * fields[3].decoded_bytes);
+  in.read(reinterpret_cast<char*>(photo.data()), static_cast<std::streamsize>(photo.size()));
+  CHECK(in.gcount() == static_cast<std::streamsize>(photo.size()));
+  auto shards = std::make_shared<const ShardSet>(std::vector<std::string>{utf8(dir / "codecs" / "shard-00000.lmdb")},
+                                                 std::vector<uint64_t>{n});
+  ReaderOptions options;
+  options.batch_capacity = n;
+  options.num_threads = 2;
+  options.schema_fingerprint = written_fingerprint(*shards);
+  BatchReader reader(shards, fields, options);
+  std::vector<uint8_t> memory(reader.slot_bytes());
+  reader.pool()->add(memory.data(), memory.size(), nullptr);
+  std::vector<uint64_t> all(n);
+  for (uint64_t i = 0; i < n; ++i) all[i] = i;
+  reader.submit(all);
+  auto batch = reader.wait_next(std::chrono::milliseconds(60000));
+  CHECK(batch.has_value() && batch->count == n);
+  if (!batch || batch->count != n) return;
+  uint64_t good[4] = {0, 0, 0, 0};
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint8_t* rgb = batch->slot->data + reader.field_offset(0) + i * fields[0].decoded_bytes;
+    const uint8_t* depth = batch->slot->data + reader.field_offset(1) + i * fields[1].decoded_bytes;
+    const uint8_t* bands = batch->slot->data + reader.field_offset(2) + i * fields[2].decoded_bytes;
+    const uint8_t* jpeg = batch->slot->data + reader.field_offset(3) + i * fields[3].decoded_bytes;
+    bool ok = true;
+    for (uint64_t j = 0; j < 768; ++j) ok = ok && rgb[j] == static_cast<uint8_t>(7 * i + 13 * j);
+    good[0] += ok;
+    ok = true;
+    for (uint64_t j = 0; j < 256; ++j) {
+      uint16_t v;
+      std::memcpy(&v, depth + 2 * j, 2);
+      ok = ok && v == pixel(i, j);
+    }
+    good[1] += ok;
+    ok = true;
+    for (uint64_t j = 0; j < 320; ++j) {
+      uint16_t v;
+      std::memcpy(&v, bands + 2 * j, 2);
+      ok = ok && v == static_cast<uint16_t>((31 * i + 977 * j) % 4096);
+    }
+    good[2] += ok;
+    good[3] += std::memcmp(jpeg, photo.data() + i * fields[3].decoded_bytes, fields[3].decoded_bytes) == 0;
+  }
+  for (uint64_t g : good) CHECK(g == n);
 }
 
 fs::path copy_dataset(const fs::path& from, const fs::path& to) {
@@ -392,6 +454,7 @@ int main(int argc, char** argv) {
     test_threaded_read(dataset, order);
     test_damaged_copies(dataset, scratch);
     test_file_system(dataset, scratch);
+    test_codecs(dir);
 #ifdef _WIN32
     test_windows_paths(dataset);
     test_held_open(dataset);
