@@ -107,6 +107,18 @@ void ImageDecoder::decode_jpeg(const uint8_t* src, size_t src_size, const ImageG
     if (!tj_) throw std::bad_alloc();
   }
   if (src_size > ULONG_MAX) throw DecodeError("jpeg payload too large");
+  try {
+    decode_jpeg_with_handle(src, src_size, g, dst, dst_size);
+  } catch (...) {
+    // TurboJPEG 2.x leaves a handle whose header read failed mid-stream: the next,
+    // intact stream would then fail too ("Unsupported marker type"). A fresh one.
+    tj_.reset();
+    throw;
+  }
+}
+
+void ImageDecoder::decode_jpeg_with_handle(const uint8_t* src, size_t src_size, const ImageGeometry& g, uint8_t* dst,
+                                           size_t dst_size) {
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (tjDecompressHeader3(tj_.get(), src, static_cast<unsigned long>(src_size), &width, &height, &subsamp,
                           &colorspace) != 0) {

@@ -48,6 +48,9 @@ class ImageDecoder {
                    size_t dst_size);
 
  private:
+  // decode_jpeg's work with a live handle; decode_jpeg replaces the handle when it throws.
+  void decode_jpeg_with_handle(const uint8_t* src, size_t src_size, const ImageGeometry& geometry, uint8_t* dst,
+                               size_t dst_size);
   struct TjDeleter {
     void operator()(void* handle) const noexcept;
   };

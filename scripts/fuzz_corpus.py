@@ -24,9 +24,11 @@ def main(out: Path) -> None:
     # name: (records, image side, value range); noisy 3x32x32 records do not compress below a page.
     kinds = {"few": (5, 8, 8), "branch": (150, 8, 8), "overflow": (4, 32, 2**16)}
     with tempfile.TemporaryDirectory() as tmp:
-        for codec in ("raw", "zstd", "zstd-shuffle", "lz4", "lz4-shuffle", "png"):
+        for codec in ("raw", "zstd", "zstd-shuffle", "lz4", "lz4-shuffle", "png", "jpeg"):
             for kind, (n, side, top) in kinds.items():
                 images = rng.integers(0, top, (n, 3, side, side), dtype=np.uint16)
+                if codec == "jpeg":  # uint8 only
+                    images = (images >> 8 if top > 256 else images).astype(np.uint8)
                 ds = Path(tmp) / f"{kind}-{codec}"
                 fastload.write_arrays(ds, {"image": images, "label": np.arange(n, dtype=np.int64)},
                                       codec={"image": codec}, samples_per_shard=1000)

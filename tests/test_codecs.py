@@ -210,6 +210,26 @@ def test_damaged_image_payloads_are_refused_by_both_readers(codec):
         assert all(e.startswith(kinds) for e in errors), (name, errors)
 
 
+def test_a_damaged_jpeg_header_does_not_spoil_the_next_intact_jpeg():
+    """TurboJPEG leaves a handle whose header read failed unusable for the next stream; the Python reader
+    (one handle per thread) starts afresh after an error (the native one: csrc/tests/core_tests.cpp)."""
+    tile = photo_tiles(1, "chw")[0]
+    field = Field("x", "uint8", tile.shape, "jpeg", {"layout": "chw"})
+    record = RecordEncoder([field]).encode({"x": tile})
+    payload = record[48:]
+    expected = decode_record(record, [field])[0].copy()
+    refused = 0
+    for at in range(2, payload.index(b"\xff\xda")):  # every byte of the header, up to the scan
+        damaged = bytearray(payload)
+        damaged[at] ^= 0x5A
+        try:
+            decode_record(replace_payload(record, bytes(damaged)), [field])
+        except Exception:  # noqa: BLE001 - any refusal; the next decode is what is checked
+            refused += 1
+        assert np.array_equal(decode_record(record, [field])[0], expected), at
+    assert refused > 100
+
+
 def test_png_of_another_size_in_a_shard_is_a_corrupt_record_naming_shard_and_record(tmp_path):
     import lmdb
 

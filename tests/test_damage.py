@@ -26,7 +26,7 @@ import pytest
 
 import fastload
 
-CODECS = ["raw", "zstd", "zstd-shuffle", "lz4", "lz4-shuffle", "png"]
+CODECS = ["raw", "zstd", "zstd-shuffle", "lz4", "lz4-shuffle", "png", "jpeg"]
 FLIPS_PER_REGION = 30
 BATCHES = 4
 WORKER = Path(__file__).with_name("damage_worker.py")
@@ -159,10 +159,12 @@ def corpus(tmp_path_factory) -> list[dict]:
     rng = np.random.default_rng(0)
     small = {"image": rng.integers(0, 40, (150, 3, 8, 8), dtype=np.uint8), "label": np.arange(150, dtype=np.int64)}
     big = {"image": rng.integers(0, 2**16, (24, 3, 20, 40), dtype=np.uint16), "label": np.arange(24) * 3}
+    # jpeg holds uint8 only: noise big enough for two overflow pages per record.
+    big8 = {"image": rng.integers(0, 256, (24, 3, 64, 80), dtype=np.uint8), "label": np.arange(24) * 3}
     trials = []
     pick = random.Random(0)
     for codec in CODECS:
-        for kind, arrays in (("inline", small), ("overflow", big)):
+        for kind, arrays in (("inline", small), ("overflow", big8 if codec == "jpeg" else big)):
             path = root / f"{kind}-{codec}"
             fastload.write_arrays(path, arrays, codec={"image": codec}, samples_per_shard=1000)
             layout = Layout(path / SHARD)

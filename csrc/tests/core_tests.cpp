@@ -300,6 +300,10 @@ void test_image_codecs() {
           flipped[pos] ^= 0x5A;
           // A flip in bytes the decoder ignores (JFIF density) may decode to the same sample: never to another.
           CHECK(decode_throws(dec, flipped, out.data()) || out == expect);
+          // ... and a refused payload leaves the decoder fit for the next, intact one (TurboJPEG's
+          // handle after a failed header read is not).
+          std::fill(out.begin(), out.end(), uint8_t{0});
+          CHECK(!decode_throws(dec, rec, out.data()) && out == expect);
         }
       }
       // A payload of another geometry than the field's is refused before decoding.

@@ -8,7 +8,7 @@
 // Built by `make fuzz` (clang, -fsanitize=fuzzer,address,undefined); the seed
 // corpus comes from scripts/fuzz_corpus.py: shards of records with an
 // "image" field of 3x8x8 or 3x32x32 uint16 (raw, zstd, zstd-shuffle, lz4,
-// lz4-shuffle or png, chw) and a raw int64 "label".
+// lz4-shuffle or png, chw) or uint8 (jpeg, chw) and a raw int64 "label".
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -68,6 +68,10 @@ void decode_all(const ShardFile& shard) {
                             DecoderOptions{true, kDefaultMaxSampleBytes, kRecordVersion, fingerprint});
       decode_each(shard, decoder, dest);
     }
+    const FieldSpec jpeg_spec{Codec::kJpeg, 1, image_bytes / 2, false, ImageGeometry{side, side, 3, true}};
+    RecordDecoder jpeg({jpeg_spec, FieldSpec{Codec::kRaw, 8, 8}},
+                       DecoderOptions{true, kDefaultMaxSampleBytes, kRecordVersion, fingerprint});
+    decode_each(shard, jpeg, dest);
   }
 }
 

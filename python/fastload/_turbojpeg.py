@@ -85,13 +85,21 @@ def _handle(compress: bool) -> _Handle:
     return handle
 
 
+def _failed(h: _Handle, what: str) -> TurboJPEGError:
+    """Return the handle's error and drop the handle: TurboJPEG 2.x leaves one whose header read failed
+    mid-stream, and the next, intact stream would fail too (as ``csrc/image_decode.cpp`` does)."""
+    err = h.error(what)
+    _local.decompressor = None
+    return err
+
+
 def decode_header(data: bytes) -> tuple[int, int, int, int]:
     """Return (width, height, subsampling, colorspace) from a JPEG's header."""
     h = _handle(False)
     width, height, subsamp, colorspace = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     if h.lib.tjDecompressHeader3(h.ptr, data, len(data), ctypes.byref(width), ctypes.byref(height),
                                  ctypes.byref(subsamp), ctypes.byref(colorspace)) != 0:
-        raise h.error("header")
+        raise _failed(h, "header")
     return width.value, height.value, subsamp.value, colorspace.value
 
 
@@ -102,7 +110,7 @@ def decode(data: bytes, width: int, height: int, channels: int) -> np.ndarray:
     pixel_format = TJPF_GRAY if channels == 1 else TJPF_RGB
     if h.lib.tjDecompress2(h.ptr, data, len(data), out.ctypes.data, width, 0, height, pixel_format,
                            DECODE_FLAGS) != 0:
-        raise h.error("data")
+        raise _failed(h, "data")
     return out
 
 
