@@ -86,8 +86,10 @@ def _handle(compress: bool) -> _Handle:
 
 
 def _failed(h: _Handle, what: str) -> TurboJPEGError:
-    """Return the handle's error and drop the handle: TurboJPEG 2.x leaves one whose header read failed
-    mid-stream, and the next, intact stream would fail too (as ``csrc/image_decode.cpp`` does)."""
+    """Return the handle's error and drop the handle (as ``csrc/image_decode.cpp`` does).
+
+    TurboJPEG 2.x leaves a handle whose header read failed mid-stream: the next, intact stream would fail too.
+    """
     err = h.error(what)
     _local.decompressor = None
     return err
