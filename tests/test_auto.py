@@ -24,6 +24,9 @@ def test_pick_applies_the_stated_rule():
     assert pick(measured, "balanced").codec == "zstd"  # png decodes at 2 % of raw, under BALANCED_FRACTION
     assert pick(measured, "speed").codec == "lz4"
     assert pick(trials(("raw", 1.0, 1000.0), ("lz4", 0.99, 900.0)), "size").codec == "raw"
+    # a codec within 1 % of raw's size loses to raw even when measured faster (noise stays raw under any load)
+    for prefer in ("size", "balanced", "speed"):
+        assert pick(trials(("raw", 1.0, 900.0), ("lz4", 1.005, 1000.0)), prefer).codec == "raw"
     # sizes within 1 % are a tie, which the faster codec wins
     assert pick(trials(("raw", 1.0, 1000.0), ("zstd", 1.50, 100.0), ("lz4", 1.495, 600.0)), "size").codec == "lz4"
     with pytest.raises(ValueError, match="prefer"):

@@ -15,7 +15,10 @@ as the loader does). The rule, by ``prefer``:
   ``SPEED_FRACTION`` (50 %) of raw's speed (lz4 and lz4-shuffle, typically).
 
 Raw always qualifies, so data that does not compress (noise) stays raw. Sizes
-within 1 % count as equal and the faster codec wins. The sizes are
+within 1 % count as equal and the faster codec wins, except that raw wins any
+tie it is in: a codec must shrink the data by more than 1 % to be picked
+over raw, whatever the measured speeds (so noise stays raw under any load,
+sanitizers included). The sizes are
 deterministic; the speeds are measured, so on a loaded machine a ``balanced``
 or ``speed`` choice near a threshold can differ between runs: the choice and
 every measurement are recorded (manifest ``provenance.codec_choice``), and
@@ -96,6 +99,8 @@ def pick(trials: Sequence[Trial], prefer: str) -> Trial:
     eligible = [t for t in trials if t.decode_mb_s >= floor or t.codec == "raw"]
     best_ratio = max(t.ratio for t in eligible)
     close = [t for t in eligible if t.ratio >= best_ratio / 1.01]
+    if any(t.codec == "raw" for t in close):
+        return raw
     return max(close, key=lambda t: t.decode_mb_s)
 
 
