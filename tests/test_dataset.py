@@ -48,3 +48,17 @@ def test_read_batch_names_a_corrupt_record(tmp_path):
     with pytest.raises(CorruptRecordError, match=r"shard-00001\.lmdb record 4: field 1: checksum mismatch"):
         ds.read_batch([1, 24])
     assert ShardDataset(out, verify_checksums=False).read_batch([24])["label"].shape == (1,)
+
+
+@pytest.mark.parametrize("held", ["global", "cycle"])
+def test_a_dataset_left_open_at_interpreter_exit_says_nothing(tmp_path, held):
+    """A script that never closes its dataset (held in a global, or in a reference cycle) exits 0, silently."""
+    import subprocess
+    import sys
+
+    fastload.write_arrays(tmp_path / "ds", {"x": np.arange(10, dtype=np.int64)})
+    drop = "" if held == "global" else "ds.me = ds; del ds"  # opened shards stay open until the very end
+    code = f"import fastload; ds = fastload.ShardDataset({str(tmp_path / 'ds')!r}); print(ds[3]['x']); {drop}"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "tensor(3)", proc.stderr
+    assert proc.stderr == "", proc.stderr

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -209,8 +210,10 @@ class ShardDataset(torch.utils.data.Dataset):
             _lmdb_envs.release(self.path / self.manifest.shards[shard].file, wait)
         self._envs = {}
 
-    def __del__(self) -> None:
-        if "_envs" in self.__dict__:
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:  # bound now: see below
+        # At interpreter exit the modules this needs may already be torn down; the process is ending and
+        # the operating system closes the read-only environments, so there is nothing left to release.
+        if "_envs" in self.__dict__ and not _finalizing():
             self._release(wait=False)  # a finalizer may run inside _lmdb_envs.acquire on this thread
 
     def __repr__(self) -> str:
