@@ -15,8 +15,8 @@ from datasets import QUICK, BenchDataset, all_datasets, ensure  # noqa: E402
 
 import fastload  # noqa: E402
 from fastload import _native  # noqa: E402
-from fastload._format import schema_fingerprint  # noqa: E402
-from fastload._order import EpochOrder  # noqa: E402
+from fastload.format._record import schema_fingerprint  # noqa: E402
+from fastload.sampling._order import EpochOrder  # noqa: E402
 
 BATCH = 256
 SEED = 0

@@ -33,8 +33,8 @@ from datasets import CACHE, QUICK, smooth_noisy
 
 import fastload
 from fastload import _native
-from fastload._codecs import fitting_codecs
-from fastload._format import Field, RecordEncoder
+from fastload.format._codecs import fitting_codecs
+from fastload.format._record import Field, RecordEncoder
 
 ROUNDS = {"rounds": 1, "warmup_rounds": 0} if QUICK else {"rounds": 3, "warmup_rounds": 1}
 

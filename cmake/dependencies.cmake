@@ -1,7 +1,7 @@
 # Finds the C libraries of the core (zstd, xxHash, lz4, libspng, libjpeg-turbo's
 # TurboJPEG) and, when one is missing, stops with the package names to install
 # instead of a stack trace. The core reads LMDB shards without liblmdb
-# (csrc/shard_reader.h).
+# (csrc/reader/shard_reader.h).
 # Defines the interface target fastload_deps.
 
 set(_missing "")

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import fastload
-from fastload._order import EpochOrder
+from fastload.sampling._order import EpochOrder
 
 N = 300
 PER_SHARD = 128

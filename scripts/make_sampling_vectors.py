@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fastload._alias import SAMPLING_VERSION, TAG_WEIGHTS, AliasTable, quantize, stream_base, words
-from fastload._exactlog import neg_log
-from fastload._sampling import MixSampling, SubsetSampling, WeightedSampling
+from fastload.sampling._alias import SAMPLING_VERSION, TAG_WEIGHTS, AliasTable, quantize, stream_base, words
+from fastload.sampling._exactlog import neg_log
+from fastload.sampling._sampling import MixSampling, SubsetSampling, WeightedSampling
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "sampling_vectors.json"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 import fastload
-from fastload._lmdb_check import validate_shard
 from fastload.errors import FastloadError
+from fastload.format._lmdb_check import validate_shard
 
 SHARD = "shard-00000.lmdb"
 

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastload import SAMPLING_VERSION
-from fastload._alias import GAMMA, AliasTable, quantize, stream_base, word, words
-from fastload._exactlog import neg_log
-from fastload._order import mix64
-from fastload._sampling import MixSampling, SubsetSampling, WeightedSampling
+from fastload.sampling._alias import GAMMA, AliasTable, quantize, stream_base, word, words
+from fastload.sampling._exactlog import neg_log
+from fastload.sampling._order import mix64
+from fastload.sampling._sampling import MixSampling, SubsetSampling, WeightedSampling
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "sampling_vectors.json").read_text())
 MASK = 2**64 - 1

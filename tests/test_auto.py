@@ -11,7 +11,7 @@ from conftest import run_cli
 from PIL import Image
 
 import fastload
-from fastload._auto import BALANCED_FRACTION, SPEED_FRACTION, Trial, pick
+from fastload.conversion._auto import BALANCED_FRACTION, SPEED_FRACTION, Trial, pick
 
 
 def trials(*rows: tuple[str, float, float]) -> list[Trial]:

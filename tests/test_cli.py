@@ -26,7 +26,7 @@ def test_preprocessing_and_verify_start_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, fastload, fastload.preprocess, fastload.cli, fastload._verify; "
+    code = ("import sys, fastload, fastload.preprocess, fastload.cli, fastload.format._verify; "
             "fastload.write_arrays; fastload.Field; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -15,10 +15,10 @@ from conftest import BACKENDS, smooth_images
 from PIL import Image
 
 import fastload
-from fastload import _payload
-from fastload._codecs import Geometry, fitting_codecs
-from fastload._format import Field, RecordEncoder, decode_record
 from fastload.errors import CorruptRecordError, DatasetError, SchemaMismatchError
+from fastload.format import _payload
+from fastload.format._codecs import Geometry, fitting_codecs
+from fastload.format._record import Field, RecordEncoder, decode_record
 
 N = 12
 
@@ -174,7 +174,7 @@ def decode_both(record: bytes, field: Field) -> list[str]:
         errors.append(type(err).__name__ + ": " + str(err))
     out = np.zeros(field.nbytes, np.uint8)
     try:
-        _native.decode_record(record, [field.native_spec], [out], True, 2, fastload._format.schema_fingerprint([field]))
+        _native.decode_record(record, [field.native_spec], [out], True, 2, fastload.format._record.schema_fingerprint([field]))
     except Exception as err:  # noqa: BLE001
         errors.append(type(err).__name__ + ": " + str(err))
     return errors

@@ -51,7 +51,7 @@ def shard_bytes(out: Path) -> list[bytes]:
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    from fastload import _convert
+    from fastload.conversion import _convert
 
     monkeypatch.setattr(_convert, "CHUNK_BYTES", 30 * 3 * 16 * 16)  # about 30 samples per task
 

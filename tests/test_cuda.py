@@ -14,8 +14,8 @@ from conftest import batches_equal, smooth_images
 
 import fastload
 from fastload import ShardLoader
-from fastload._device import CudaOps
-from fastload._pinned import pinned_block_bytes
+from fastload.loading._device import CudaOps
+from fastload.loading._pinned import pinned_block_bytes
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -13,7 +13,7 @@ from conftest import batches_equal
 
 import fastload
 from fastload import ShardLoader
-from fastload._device import DevicePrefetcher, resolve_device
+from fastload.loading._device import DevicePrefetcher, resolve_device
 
 
 class FakeEvent:
@@ -182,8 +182,8 @@ def test_pinned_memory_is_bounded_when_copies_lag(small_dataset):
 
 
 def test_a_batch_viewing_one_buffer_is_copied_as_one_span():
-    from fastload._device import rebase, shared_span
-    from fastload._pinned import FieldViews
+    from fastload.loading._device import rebase, shared_span
+    from fastload.loading._pinned import FieldViews
 
     views = FieldViews(["image", "label"], [0, 192], [torch.uint8, torch.int64], [(3, 4, 4), ()])
     buffer = torch.arange(256, dtype=torch.uint8)
@@ -203,7 +203,7 @@ def test_a_batch_viewing_one_buffer_is_copied_as_one_span():
 
 
 def test_auto_prefetch_holds_about_32_mib_of_pinned_batches():
-    from fastload._loader import auto_prefetch
+    from fastload.loading._loader import auto_prefetch
 
     tiles = 256 * (3 * 128 * 128 + 8)
     assert auto_prefetch(8, tiles, pin_memory=False) == 8  # plain memory: one batch per thread
@@ -213,7 +213,7 @@ def test_auto_prefetch_holds_about_32_mib_of_pinned_batches():
 
 
 def test_a_power_of_two_field_gets_its_own_pinned_buffer(tmp_path):
-    from fastload._pinned import pinned_block_bytes, split_layout
+    from fastload.loading._pinned import pinned_block_bytes, split_layout
 
     assert split_layout([8 * 2**20, 2048], 8 * 2**20 + 2048) and not split_layout([12 * 2**20, 2048], 12 * 2**20 + 2048)
     assert pinned_block_bytes(12_584_960) == 16 * 2**20 and pinned_block_bytes(4096) == 4096

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 import fastload
 from fastload import _native
-from fastload._dtypes import NUMPY_DTYPES
-from fastload._format import Field, RecordDecodeError, RecordEncoder, decode_record, schema_fingerprint
 from fastload.errors import CorruptRecordError, SchemaMismatchError
+from fastload.format._dtypes import NUMPY_DTYPES
+from fastload.format._record import Field, RecordDecodeError, RecordEncoder, decode_record, schema_fingerprint
 
 CODECS = ["raw", "zstd", "zstd-shuffle"]
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import run_cli
 
 import fastload
-from fastload import _hdf5
+from fastload.conversion import _hdf5
 from fastload.preprocess import main as preprocess_main
 
 

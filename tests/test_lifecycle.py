@@ -10,7 +10,7 @@ import pytest
 from conftest import thread_count
 
 from fastload import ShardLoader
-from fastload._native_backend import NativeEpoch
+from fastload.loading._native_backend import NativeEpoch
 
 
 @pytest.fixture

@@ -56,13 +56,13 @@ def test_the_native_reader_itself_refuses_a_second_consumer(small_dataset):
     proc = run_script("""
         import numpy as np
         from fastload import _native
-        from fastload._native_backend import open_shards
+        from fastload.loading._native_backend import open_shards
         ds = fastload.ShardDataset(PATH)
         fields = ds.manifest.fields
         reader = _native.BatchReader(open_shards(ds), [f.native_spec for f in fields], [f.np_dtype for f in fields],
                                      [list(f.shape) for f in fields], [True] * len(fields), 4, 2,
                                      sample_delay_us=200000, record_version=2,
-                                     schema_fingerprint=fastload._format.schema_fingerprint(fields))
+                                     schema_fingerprint=fastload.format._record.schema_fingerprint(fields))
         reader.add_slot(np.empty(reader.slot_bytes, np.uint8))
         reader.submit(np.arange(4, dtype=np.uint64))
         first = threading.Thread(target=reader.next)
@@ -159,7 +159,7 @@ def test_fork_with_a_live_iterator(small_dataset, ending):
 def test_a_finalizer_releasing_inside_acquire_does_not_deadlock(small_dataset):
     """A ShardDataset collected while this thread holds _lmdb_envs' lock (GC inside acquire) defers its release."""
     import fastload
-    from fastload import _lmdb_envs
+    from fastload.format import _lmdb_envs
 
     shard = small_dataset / "shard-00000.lmdb"
     ds = fastload.ShardDataset(small_dataset)

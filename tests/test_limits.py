@@ -15,10 +15,10 @@ import pytest
 
 import fastload
 from fastload import _native
-from fastload._format import MAX_SAMPLE_BYTES_ENV, RecordDecodeError, decode_record_into
-from fastload._manifest import file_hash
-from fastload._shard_writer import write_shard
+from fastload.conversion._shard_writer import write_shard
 from fastload.errors import DatasetError, FastloadError
+from fastload.format._manifest import file_hash
+from fastload.format._record import MAX_SAMPLE_BYTES_ENV, RecordDecodeError, decode_record_into
 
 HUGE = 2**60
 
@@ -36,7 +36,7 @@ def zstd_frame_declaring(content_size: int, raw_bytes: int) -> bytes:
 
 def hostile_record(decoded: int, payload: bytes, key: int, fields: list) -> bytes:
     """One record of one zstd field whose header agrees with a schema of ``decoded`` bytes."""
-    from fastload._format import record_prefix
+    from fastload.format._record import record_prefix
 
     return record_prefix(fields, key) + struct.pack("<B3xIQQ", 1, len(payload), decoded, 0) + payload
 

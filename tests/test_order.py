@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastload import _native
-from fastload._order import ORDER_VERSION, EpochOrder, mix64, num_batches
+from fastload.sampling._order import ORDER_VERSION, EpochOrder, mix64, num_batches
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "order_vectors.json").read_text())
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fastload._plan import BatchIndices, EpochPlan
+from fastload.loading._plan import BatchIndices, EpochPlan
 
 
 def rank_positions(plan_kw, world):

@@ -14,8 +14,8 @@ import pytest
 from conftest import BACKENDS, batches_equal
 
 import fastload
-from fastload._lmdb_check import validate_shard
 from fastload.errors import CorruptShardError
+from fastload.format._lmdb_check import validate_shard
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from conftest import run_cli
 from PIL import Image
 
 import fastload
-from fastload._tiling import tile_grid, tile_origins
+from fastload.conversion._tiling import tile_grid, tile_origins
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from conftest import run_cli
 from PIL import Image
 
 import fastload
-from fastload._images import npy_layout_of
+from fastload.conversion._images import npy_layout_of
 
 
 def preprocess(data: Path, out: Path, *options: str):

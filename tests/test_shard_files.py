@@ -11,8 +11,8 @@ from conftest import run_cli
 
 import fastload
 from fastload import _native
-from fastload._lmdb_check import validate_shard
 from fastload.errors import CorruptShardError, DatasetError
+from fastload.format._lmdb_check import validate_shard
 
 BACKENDS = ["native", "torch"]
 

@@ -57,7 +57,7 @@ def test_stats_while_running_and_for_the_torch_backend(zstd_tiles):
 
 
 def test_waiting_mostly_on_copies_names_h2d_the_bottleneck():
-    from fastload._epoch import summarize_stats
+    from fastload.loading._epoch import summarize_stats
 
     base = {"batches": 10, "wall_s": 1.0, "wait_s": 0.8, "read_s": 0.3, "decompress_s": 0.1, "copy_s": 0.1}
     assert summarize_stats({**base, "copy_wait_s": 0.6}, "native")["bottleneck"] == "h2d"

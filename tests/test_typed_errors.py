@@ -8,8 +8,8 @@ import pytest
 from conftest import run_cli
 
 import fastload
-from fastload._manifest import file_hash
 from fastload.errors import CorruptRecordError, CorruptShardError
+from fastload.format._manifest import file_hash
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ import shutil
 
 from conftest import run_cli
 
-from fastload._manifest import load_manifest
-from fastload._verify import check_shard, verify_dataset
+from fastload.format._manifest import load_manifest
+from fastload.format._verify import check_shard, verify_dataset
 
 
 def test_summary_counts_shards_records_bytes(small_dataset):

@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "batch_reader.h"
 #include "checked_math.h"
 #include "errors.h"
-#include "permutation.h"
-#include "record_decoder.h"
-#include "slot_pool.h"
+#include "format/record_decoder.h"
+#include "reader/batch_reader.h"
+#include "reader/permutation.h"
+#include "reader/slot_pool.h"
 
 using namespace fastload;
 

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "errors.h"
-#include "lmdb_validator.h"
-#include "record_decoder.h"
-#include "shard_reader.h"
+#include "format/lmdb_validator.h"
+#include "format/record_decoder.h"
+#include "reader/shard_reader.h"
 
 using namespace fastload;
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "errors.h"
-#include "shard_reader.h"
+#include "reader/shard_reader.h"
 
 using namespace fastload;
 namespace fs = std::filesystem;

@@ -23,11 +23,11 @@
 #include <string>
 #include <vector>
 
-#include "batch_reader.h"
 #include "errors.h"
-#include "permutation.h"
 #include "platform/file_mapping.h"
-#include "shard_reader.h"
+#include "reader/batch_reader.h"
+#include "reader/permutation.h"
+#include "reader/shard_reader.h"
 
 #ifdef _WIN32
 #ifndef NOMINMAX

@@ -23,26 +23,26 @@ __version__ = "0.1.0"
 
 # Public name -> the private module that defines it.
 _LAZY = {
-    "EpochDataLoader": "._helpers",
-    "EpochOrder": "._order",
-    "ConcatShardDataset": "._compose",
-    "Field": "._format",
-    "MixedShardDataset": "._compose",
-    "ORDER_VERSION": "._order",
-    "SAMPLING_VERSION": "._alias",
-    "ShardDataModule": "._datamodule",
-    "ShardDataset": "._dataset",
-    "ShardLoader": "._loader",
-    "ShardSubset": "._compose",
-    "StateError": "._state",
-    "check_determinism": "._helpers",
-    "class_balanced_weights": "._compose",
-    "concat": "._compose",
-    "create_dataloader": "._helpers",
-    "mix": "._compose",
-    "seed_everything": "._helpers",
-    "write_arrays": "._array_writer",
-    "write_dataset": "._convert",
+    "EpochDataLoader": ".loading._helpers",
+    "EpochOrder": ".sampling._order",
+    "ConcatShardDataset": ".loading._compose",
+    "Field": ".format._record",
+    "MixedShardDataset": ".loading._compose",
+    "ORDER_VERSION": ".sampling._order",
+    "SAMPLING_VERSION": ".sampling._alias",
+    "ShardDataModule": ".loading._datamodule",
+    "ShardDataset": ".loading._dataset",
+    "ShardLoader": ".loading._loader",
+    "ShardSubset": ".loading._compose",
+    "StateError": ".loading._state",
+    "check_determinism": ".loading._helpers",
+    "class_balanced_weights": ".loading._compose",
+    "concat": ".loading._compose",
+    "create_dataloader": ".loading._helpers",
+    "mix": ".loading._compose",
+    "seed_everything": ".loading._helpers",
+    "write_arrays": ".conversion._array_writer",
+    "write_dataset": ".conversion._convert",
 }
 
 __all__ = [
@@ -90,14 +90,21 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from ._alias import SAMPLING_VERSION
-    from ._array_writer import write_arrays
-    from ._compose import ConcatShardDataset, MixedShardDataset, ShardSubset, class_balanced_weights, concat, mix
-    from ._convert import write_dataset
-    from ._datamodule import ShardDataModule
-    from ._dataset import ShardDataset
-    from ._format import Field
-    from ._helpers import EpochDataLoader, check_determinism, create_dataloader, seed_everything
-    from ._loader import ShardLoader
-    from ._order import ORDER_VERSION, EpochOrder
-    from ._state import StateError
+    from .conversion._array_writer import write_arrays
+    from .conversion._convert import write_dataset
+    from .format._record import Field
+    from .loading._compose import (
+        ConcatShardDataset,
+        MixedShardDataset,
+        ShardSubset,
+        class_balanced_weights,
+        concat,
+        mix,
+    )
+    from .loading._datamodule import ShardDataModule
+    from .loading._dataset import ShardDataset
+    from .loading._helpers import EpochDataLoader, check_determinism, create_dataloader, seed_everything
+    from .loading._loader import ShardLoader
+    from .loading._state import StateError
+    from .sampling._alias import SAMPLING_VERSION
+    from .sampling._order import ORDER_VERSION, EpochOrder

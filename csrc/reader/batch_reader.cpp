@@ -1,0 +1,354 @@
+#include "reader/batch_reader.h"
+
+#include <algorithm>
+#include <string>
+
+#include "checked_math.h"
+#include "errors.h"
+#include "platform/platform.h"
+
+namespace fastload {
+namespace {
+
+constexpr size_t kAlign = 64;
+// A chunk decodes at least this many output bytes (or one sample), so that
+// claiming it costs little next to the work, whatever the thread count.
+constexpr size_t kMinChunkBytes = 64 * 1024;
+
+uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since).count());
+}
+
+}  // namespace
+
+// Workers claim chunks of a job with an atomic counter, not under the shared
+// lock; the lock is taken to pick the next job, to store an error, and by the
+// worker that finishes a job's last chunk (to wake the consumer).
+struct BatchReader::Job {
+  std::vector<uint64_t> indices;
+  std::vector<int64_t> params;  // num_params per sample, with transforms
+  std::shared_ptr<Slot> slot;
+  size_t num_chunks = 0;
+  std::atomic<size_t> next_chunk{0};
+  std::atomic<size_t> chunks_left{0};
+  std::exception_ptr error;     // guarded by BatchReader::mutex_
+  size_t error_position = 0;    // guarded by BatchReader::mutex_
+};
+
+// A worker's buffers for transforms: each transformed field decoded, and two
+// buffers the steps alternate between.
+struct BatchReader::Scratch {
+  std::vector<std::vector<uint8_t>> decoded;
+  std::vector<uint8_t> a, b;
+};
+
+BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<FieldSpec> fields, ReaderOptions options)
+    : shards_(std::move(shards)),
+      fields_(std::move(fields)),
+      transforms_(std::move(options.transforms)),
+      capacity_(options.batch_capacity),
+      decode_(options.decode_field),
+      delay_us_(options.sample_delay_us),
+      verify_(options.verify_checksums) {
+  const size_t num_threads = options.num_threads;
+  if (decode_.empty()) decode_.assign(fields_.size(), true);
+  if (decode_.size() != fields_.size()) throw FastloadError("BatchReader: one decode flag per field");
+  if (!shards_) throw FastloadError("BatchReader: no shards");
+  if (transforms_ && transforms_->field_count() != fields_.size()) {
+    throw FastloadError("BatchReader: the transforms were compiled for another number of fields");
+  }
+  if (capacity_ == 0) throw FastloadError("BatchReader: batch capacity must be positive");
+  if (num_threads == 0) throw FastloadError("BatchReader: num_threads must be positive");
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    if (static_cast<int>(fields_[f].codec) > kLastCodec) {
+      throw FastloadError("BatchReader: unknown codec id " + std::to_string(static_cast<int>(fields_[f].codec)));
+    }
+    const bool transformed = transforms_ && f < fields_.size() && transforms_->transforms(f);
+    if (transformed && transforms_->in_bytes(f) != fields_[f].decoded_bytes) {
+      throw FastloadError("BatchReader: the transforms expect " + std::to_string(transforms_->in_bytes(f)) +
+                          " decoded bytes for field " + std::to_string(f) + ", the schema has " +
+                          std::to_string(fields_[f].decoded_bytes));
+    }
+    if (transformed && !decode_[f]) {
+      throw FastloadError("BatchReader: transforms on field " + std::to_string(f) + ", which is not decoded");
+    }
+    sample_bytes_.push_back(transformed ? transforms_->out_bytes(f) : fields_[f].decoded_bytes);
+  }
+  // Validates the schema (item sizes, the sample-size bound) before any size is derived from it.
+  decoder_options_ =
+      DecoderOptions{verify_, options.max_sample_bytes, options.record_version, options.schema_fingerprint};
+  const RecordDecoder schema_check(fields_, decoder_options_);
+  const std::string what = "BatchReader: batch slot of " + std::to_string(capacity_) + " samples";
+  // Every field's batch size (field_bytes(f), decoded or not) fits in size_t.
+  static_cast<void>(mul_or_raise<FastloadError>(capacity_, static_cast<size_t>(schema_check.sample_bytes()), what));
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    offsets_.push_back(slot_bytes_);
+    if (!decode_[f]) continue;
+    const auto bytes = static_cast<size_t>(sample_bytes_[f]);
+    const size_t field_bytes = mul_or_raise<FastloadError>(capacity_, bytes, what);
+    const size_t end = add_or_raise<FastloadError>(slot_bytes_, field_bytes, what);
+    slot_bytes_ = align_up_or_raise<FastloadError>(end, kAlign, what);
+  }
+  slot_bytes_ = std::max(slot_bytes_, kAlign);
+  if (slot_bytes_ > physical_memory_bytes()) {
+    throw FastloadError(what + " needs " + std::to_string(slot_bytes_) + " bytes, more than this machine's memory (" +
+                        std::to_string(physical_memory_bytes()) + " bytes)");
+  }
+  // Enough chunks per batch that every thread has several to take, but no
+  // chunk under kMinChunkBytes of output: with many threads and small
+  // records, tiny chunks cost more to hand out than to decode.
+  size_t sample_bytes = 0;
+  for (size_t f = 0; f < fields_.size(); ++f) sample_bytes += decode_[f] ? static_cast<size_t>(sample_bytes_[f]) : 0;
+  const size_t min_samples = std::max<size_t>(1, kMinChunkBytes / std::max<size_t>(1, sample_bytes));
+  chunk_size_ = std::max({size_t{1}, capacity_ / (num_threads * 4), std::min(min_samples, capacity_)});
+  pool_ = std::make_shared<SlotPool>(slot_bytes_);
+  try {
+    for (size_t i = 0; i < num_threads; ++i) workers_.emplace_back([this, i] {
+        name_this_thread("fastload-w" + std::to_string(i));
+        worker_main();
+      });
+  } catch (...) {
+    close();
+    throw;
+  }
+}
+
+BatchReader::~BatchReader() { close(); }
+
+void BatchReader::close() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    stop_flag_.store(true);
+    work_.clear();
+  }
+  work_cv_.notify_all();
+  done_cv_.notify_all();
+  for (std::thread& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+  // Workers are gone: nothing writes into the slots any more.
+  std::lock_guard<std::mutex> lock(mutex_);
+  inflight_.clear();
+}
+
+bool BatchReader::closed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stop_;
+}
+
+size_t BatchReader::ready() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t count = 0;
+  for (const auto& job : inflight_) {
+    if (job->chunks_left.load() != 0) break;
+    ++count;
+  }
+  return count;
+}
+
+size_t BatchReader::pending() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return inflight_.size();
+}
+
+void BatchReader::add_split_slot(const std::vector<std::pair<uint8_t*, size_t>>& buffers,
+                                 std::shared_ptr<void> owner, bool reusable) {
+  if (buffers.size() != fields_.size()) {
+    throw FastloadError("add_split_slot: " + std::to_string(buffers.size()) + " buffers for " +
+                        std::to_string(fields_.size()) + " fields");
+  }
+  std::vector<uint8_t*> data(fields_.size(), nullptr);
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    if (!decode_[f]) continue;
+    if (buffers[f].first == nullptr || buffers[f].second < field_bytes(f)) {
+      throw FastloadError("add_split_slot: field " + std::to_string(f) + " needs a buffer of " +
+                          std::to_string(field_bytes(f)) + " bytes, got " + std::to_string(buffers[f].second));
+    }
+    data[f] = buffers[f].first;
+  }
+  pool_->add_split(std::move(data), std::move(owner), reusable);
+}
+
+void BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> params) {
+  const size_t per_sample = transforms_ ? transforms_->num_params() : 0;
+  if (params.size() != indices.size() * per_sample) {
+    throw FastloadError("submit: " + std::to_string(params.size()) + " transform parameters for " +
+                        std::to_string(indices.size()) + " samples, expected " + std::to_string(per_sample) +
+                        " per sample");
+  }
+  if (indices.size() > capacity_) {
+    throw FastloadError("submit: " + std::to_string(indices.size()) + " samples exceed the batch capacity " +
+                        std::to_string(capacity_));
+  }
+  const uint64_t total = shards_->total_records();
+  for (uint64_t index : indices) {
+    if (index >= total) {
+      throw FastloadError("submit: sample index " + std::to_string(index) + " out of range for " +
+                          std::to_string(total) + " samples");
+    }
+  }
+  auto job = std::make_shared<Job>();
+  job->indices = std::move(indices);
+  job->params = std::move(params);
+  job->num_chunks = (job->indices.size() + chunk_size_ - 1) / chunk_size_;
+  job->chunks_left.store(job->num_chunks);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_) throw FastloadError("submit: the reader is closed");
+  job->slot = pool_->try_acquire();
+  if (!job->slot) throw FastloadError("submit: no free batch buffer (add a slot first)");
+  inflight_.push_back(job);
+  if (job->num_chunks > 0) {
+    work_.push_back(job);
+    work_cv_.notify_all();
+  }
+}
+
+std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (stop_) throw FastloadError("wait_next: the reader is closed");
+  if (inflight_.empty()) throw FastloadError("wait_next: no batch was submitted");
+  const bool ready = done_cv_.wait_for(
+      lock, timeout, [this] { return stop_ || inflight_.empty() || inflight_.front()->chunks_left.load() == 0; });
+  wait_ns_.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
+  if (stop_) throw FastloadError("wait_next: the reader was closed");
+  if (!ready) return std::nullopt;
+  if (inflight_.empty()) throw FastloadError("wait_next: the batch was taken by another thread");
+  std::shared_ptr<Job> job = std::move(inflight_.front());
+  inflight_.pop_front();
+  lock.unlock();
+  if (job->error) std::rethrow_exception(job->error);
+  batches_.fetch_add(1, std::memory_order_relaxed);
+  return CompletedBatch{std::move(job->slot), job->indices.size()};
+}
+
+void BatchReader::worker_main() {
+  RecordDecoder decoder(fields_, decoder_options_);
+  Scratch scratch;
+  if (transforms_) {
+    scratch.decoded.resize(fields_.size());
+    for (size_t f = 0; f < fields_.size(); ++f) {
+      if (transforms_->transforms(f)) scratch.decoded[f].resize(static_cast<size_t>(fields_[f].decoded_bytes));
+    }
+    scratch.a.resize(transforms_->scratch_bytes());
+    scratch.b.resize(transforms_->scratch_bytes());
+  }
+  std::shared_ptr<Job> job;
+  for (;;) {
+    if (!job) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_cv_.wait(lock, [this] { return stop_ || !work_.empty(); });
+      if (stop_) return;
+      job = work_.front();
+    }
+    const size_t chunk = job->next_chunk.fetch_add(1);
+    if (chunk >= job->num_chunks) {  // every chunk of this job is taken: on to the next job
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!work_.empty() && work_.front() == job) work_.pop_front();
+      }
+      // Outside the lock: dropping the last reference may free a slot whose
+      // owner takes the GIL, and the consumer may hold the GIL while it waits
+      // for this lock.
+      job.reset();
+      continue;
+    }
+    std::exception_ptr error;
+    try {
+      run_chunk(*job, chunk, decoder, scratch);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (error) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const size_t position = chunk * chunk_size_;
+      if (!job->error || position < job->error_position) {
+        job->error = error;
+        job->error_position = position;
+      }
+    }
+    if (job->chunks_left.fetch_sub(1) == 1) {
+      // The consumer checks chunks_left under the lock: taking it here means
+      // the notification cannot fall between its check and its wait.
+      { std::lock_guard<std::mutex> lock(mutex_); }
+      done_cv_.notify_all();
+    }
+    if (stop_flag_.load(std::memory_order_relaxed)) return;
+  }
+}
+
+void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scratch& scratch) {
+  const size_t begin = chunk * chunk_size_;
+  const size_t end = std::min(begin + chunk_size_, job.indices.size());
+  std::vector<uint8_t*> dest(fields_.size());
+  std::vector<uint8_t*> out(fields_.size());  // the slot rows; dest differs for transformed fields
+  uint64_t read_ns = 0, decode_ns = 0, bytes_read = 0, transform_ns = 0;
+  const uint64_t decompress_before = decoder.decompress_ns();
+  for (size_t i = begin; i < end; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (i + 1 < end) shards_->prefetch(job.indices[i + 1]);
+    const auto [shard, key] = shards_->locate(job.indices[i]);
+    const auto [data, size] = shards_->shard(shard).record(key);
+    if (delay_us_ != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+    read_ns += elapsed_ns(t0);
+    bytes_read += size;
+    for (size_t f = 0; f < fields_.size(); ++f) {
+      if (!decode_[f]) {
+        dest[f] = out[f] = nullptr;
+        continue;
+      }
+      uint8_t* base = job.slot->field_data.empty() ? job.slot->data + offsets_[f] : job.slot->field_data[f];
+      out[f] = base + i * static_cast<size_t>(sample_bytes_[f]);
+      dest[f] = transforms_ && transforms_->transforms(f) ? scratch.decoded[f].data() : out[f];
+    }
+    t0 = std::chrono::steady_clock::now();
+    try {
+      decoder.decode(data, size, dest.data(), key);
+    } catch (const DecodeError& err) {
+      throw CorruptRecordError(shards_->shard(shard).path(), key, err.what());
+    }
+    decode_ns += elapsed_ns(t0);
+    if (transforms_) {
+      t0 = std::chrono::steady_clock::now();
+      const int64_t* params = job.params.data() + i * transforms_->num_params();
+      for (size_t f = 0; f < fields_.size(); ++f) {
+        if (dest[f] != out[f]) transforms_->run(f, dest[f], out[f], params, scratch.a.data(), scratch.b.data());
+      }
+      transform_ns += elapsed_ns(t0);
+    }
+  }
+  uint64_t decoded = 0;
+  for (size_t f = 0; f < fields_.size(); ++f) decoded += decode_[f] ? sample_bytes_[f] * (end - begin) : 0;
+  samples_.fetch_add(end - begin, std::memory_order_relaxed);
+  bytes_read_.fetch_add(bytes_read, std::memory_order_relaxed);
+  bytes_decoded_.fetch_add(decoded, std::memory_order_relaxed);
+  read_ns_.fetch_add(read_ns, std::memory_order_relaxed);
+  decode_ns_.fetch_add(decode_ns, std::memory_order_relaxed);
+  decompress_ns_.fetch_add(decoder.decompress_ns() - decompress_before, std::memory_order_relaxed);
+  transform_ns_.fetch_add(transform_ns, std::memory_order_relaxed);
+}
+
+ReaderStats BatchReader::stats() const {
+  ReaderStats s;
+  s.batches = batches_.load();
+  s.samples = samples_.load();
+  s.bytes_read = bytes_read_.load();
+  s.bytes_decoded = bytes_decoded_.load();
+  s.read_ns = read_ns_.load();
+  s.decode_ns = decode_ns_.load();
+  s.decompress_ns = decompress_ns_.load();
+  s.wait_ns = wait_ns_.load();
+  s.transform_ns = transform_ns_.load();
+  return s;
+}
+
+void BatchReader::reset_stats() {
+  for (auto* c : {&batches_, &samples_, &bytes_read_, &bytes_decoded_, &read_ns_, &decode_ns_, &decompress_ns_,
+                  &wait_ns_, &transform_ns_}) {
+    c->store(0);
+  }
+}
+
+}  // namespace fastload

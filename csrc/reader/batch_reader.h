@@ -1,0 +1,161 @@
+// BatchReader: a pool of worker threads that decode batches of records from a
+// ShardSet straight into pooled batch buffers.
+//
+// The consumer (one thread: the Python iterator) submits batches, each a list
+// of global sample indices plus a slot, and receives them back strictly in
+// submission order with wait_next(). Workers split every batch into chunks
+// (about 4 per thread, none under 64 KiB of output) and claim them with an
+// atomic counter, so all threads work on the oldest batch first without
+// contending for a lock. Each worker owns a RecordDecoder; records are read
+// straight from the shards' validated mappings (shard_reader.h).
+//
+// A worker's error (corrupt record, missing key) is stored with its batch as
+// an exception_ptr and rethrown by wait_next() at that batch; batches before
+// it are delivered intact. When several samples of a batch fail, the one at
+// the lowest position in the batch wins, so the error is deterministic.
+//
+// Batch layout in a slot: field f occupies [field_offset(f), + capacity *
+// sample_bytes(f)), sample i of field f at field_offset(f) + i *
+// sample_bytes(f). Offsets are 64-byte aligned. A split slot (add_split_slot)
+// has one buffer per field instead, sample i of field f at buffer f + i *
+// sample_bytes(f). sample_bytes(f) is the decoded size, or the transformed
+// size when a TransformPipeline changes the field: its steps run on each
+// sample between decoding (into per-thread scratch) and the slot, with the
+// sample's parameters given to submit().
+// Every size here is computed with checked arithmetic; a slot that would wrap
+// around or exceed the machine's physical memory is a FastloadError from the
+// constructor, before anything is allocated.
+//
+// Thread safety: submit(), wait_next(), close() and the destructor belong to
+// the consumer thread; stats() may be called from any thread. close() is
+// idempotent, discards batches not yet delivered and joins every worker; the
+// destructor calls it, so no thread outlives its reader.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "format/record_decoder.h"
+#include "reader/shard_reader.h"
+#include "reader/slot_pool.h"
+#include "transforms/pipeline.h"
+
+namespace fastload {
+
+struct CompletedBatch {
+  std::shared_ptr<Slot> slot;
+  size_t count = 0;
+};
+
+struct ReaderOptions {
+  size_t batch_capacity = 1;
+  size_t num_threads = 1;
+  bool verify_checksums = true;
+  std::vector<bool> decode_field;  // per field; empty means every field
+  uint32_t sample_delay_us = 0;    // testing only: slows every record read
+  // Optional: every sample's fields go through it (decoded into per-thread
+  // scratch first); the slot then holds the transformed fields.
+  std::shared_ptr<const TransformPipeline> transforms;
+  uint64_t max_sample_bytes = kDefaultMaxSampleBytes;  // a larger schema is refused
+  uint16_t record_version = kRecordVersion;            // the manifest's format_version
+  uint64_t schema_fingerprint = 0;                     // v2: what every record must carry
+};
+
+struct ReaderStats {
+  uint64_t batches = 0;        // delivered to the consumer
+  uint64_t samples = 0;        // decoded by workers
+  uint64_t bytes_read = 0;     // record bytes taken from the shards
+  uint64_t bytes_decoded = 0;  // bytes written into batch buffers
+  uint64_t read_ns = 0;        // in record lookups, summed over workers
+  uint64_t decode_ns = 0;      // in decompress/copy/verify, summed over workers
+  uint64_t decompress_ns = 0;  // the part of decode_ns spent inside zstd
+  uint64_t transform_ns = 0;   // in transform kernels, summed over workers
+  uint64_t wait_ns = 0;        // the consumer blocked in wait_next
+};
+
+class BatchReader {
+ public:
+  BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<FieldSpec> fields, ReaderOptions options);
+  ~BatchReader();
+  BatchReader(const BatchReader&) = delete;
+  BatchReader& operator=(const BatchReader&) = delete;
+
+  size_t slot_bytes() const noexcept { return slot_bytes_; }
+  size_t field_offset(size_t f) const { return offsets_.at(f); }
+  bool decodes_field(size_t f) const { return decode_.at(f); }
+  size_t batch_capacity() const noexcept { return capacity_; }
+  size_t num_threads() const noexcept { return workers_.size(); }
+  const std::shared_ptr<SlotPool>& pool() const noexcept { return pool_; }
+  // Bytes field f of one batch needs in a buffer of its own (capacity * decoded bytes).
+  size_t field_bytes(size_t f) const { return capacity_ * sample_bytes(f); }
+  // Bytes of one sample of field f in a slot (after transforms).
+  size_t sample_bytes(size_t f) const { return static_cast<size_t>(sample_bytes_.at(f)); }
+
+  // Adds a slot of one buffer per field: buffers[f] = (data, size), null for a
+  // field not decoded. Throws FastloadError when a decoded field's buffer is
+  // missing or smaller than field_bytes(f).
+  void add_split_slot(const std::vector<std::pair<uint8_t*, size_t>>& buffers, std::shared_ptr<void> owner,
+                      bool reusable);
+
+  // Queues one batch. Throws FastloadError when closed, when there are more
+  // indices than the capacity, when no slot is free (add one first), or when
+  // params does not hold the pipeline's num_params() per sample (row-major).
+  void submit(std::vector<uint64_t> indices, std::vector<int64_t> params = {});
+
+  // The oldest submitted batch once complete; nullopt when `timeout` passes
+  // first. Rethrows that batch's error. Throws FastloadError if nothing is
+  // pending or the reader is closed.
+  std::optional<CompletedBatch> wait_next(std::chrono::milliseconds timeout);
+
+  size_t pending() const;
+  // Batches decoded and waiting for the consumer (in order from the oldest).
+  size_t ready() const;
+  void close() noexcept;
+  bool closed() const;
+  ReaderStats stats() const;
+  void reset_stats();
+
+ private:
+  struct Job;
+  void worker_main();
+  struct Scratch;
+  void run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scratch& scratch);
+
+  std::shared_ptr<const ShardSet> shards_;
+  std::vector<FieldSpec> fields_;
+  std::vector<uint64_t> sample_bytes_;
+  std::shared_ptr<const TransformPipeline> transforms_;
+  size_t capacity_;
+  std::vector<bool> decode_;
+  std::vector<size_t> offsets_;
+  uint32_t delay_us_ = 0;
+  size_t slot_bytes_ = 0;
+  size_t chunk_size_ = 1;
+  bool verify_;
+  DecoderOptions decoder_options_;
+  std::shared_ptr<SlotPool> pool_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  std::deque<std::shared_ptr<Job>> work_;      // jobs with chunks not yet claimed
+  std::deque<std::shared_ptr<Job>> inflight_;  // every undelivered job, in order
+  bool stop_ = false;
+  std::atomic<bool> stop_flag_{false};  // stop_, readable without the lock between chunks
+  std::vector<std::thread> workers_;
+
+  std::atomic<uint64_t> batches_{0}, samples_{0}, bytes_read_{0}, bytes_decoded_{0};
+  std::atomic<uint64_t> read_ns_{0}, decode_ns_{0}, decompress_ns_{0}, wait_ns_{0}, transform_ns_{0};
+};
+
+}  // namespace fastload

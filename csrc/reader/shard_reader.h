@@ -1,0 +1,89 @@
+// ShardSet and ShardFile: read-only access to the LMDB shards of one dataset,
+// without liblmdb.
+//
+// A ShardFile maps one shard file read-only and validates its whole LMDB
+// structure once (lmdb_validator.h) before any record is read. The walk
+// learns where every record's value lies in the file, so a read is an index
+// into the mapping: no B-tree descent, no read transaction, and no LMDB code
+// running on untrusted pages. Shards are immutable, so there is nothing else
+// LMDB would add for a reader. A file modified while mapped is outside this
+// guarantee (as for any memory-mapped reader).
+//
+// Before mapping, the file must be a regular file (opened without blocking,
+// so a FIFO never waits) and not empty (platform/file_mapping.h).
+//
+// Thread safety: a ShardSet and its ShardFiles are immutable after
+// construction and may be shared by any number of threads.
+// Errors: ShardNotFoundError, CorruptShardError (construction),
+// CorruptRecordError (a key past the shard's count).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "format/lmdb_validator.h"
+#include "platform/file_mapping.h"
+
+namespace fastload {
+
+class ShardFile {
+ public:
+  ShardFile(std::string path, uint64_t expected_records);
+  ~ShardFile();
+  ShardFile(const ShardFile&) = delete;
+  ShardFile& operator=(const ShardFile&) = delete;
+
+  const std::string& path() const noexcept { return path_; }
+  uint64_t records() const noexcept { return spans_.size(); }
+  const ShardLayout& layout() const noexcept { return layout_; }
+
+  // The bytes of record `key` (the index within the shard), valid while the
+  // ShardFile lives. Throws CorruptRecordError when the key is out of range.
+  std::pair<const uint8_t*, size_t> record(uint64_t key) const {
+    if (key >= spans_.size()) throw_missing(key);
+    const RecordSpan& s = spans_[key];
+    return {map_ + s.offset, s.size};
+  }
+
+ private:
+  [[noreturn]] void throw_missing(uint64_t key) const;
+
+  std::string path_;
+  std::unique_ptr<FileMapping> mapping_;
+  const uint8_t* map_ = nullptr;  // mapping_->data()
+  ShardLayout layout_;
+  std::vector<RecordSpan> spans_;
+};
+
+class ShardSet {
+ public:
+  ShardSet(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts);
+
+  size_t size() const noexcept { return shards_.size(); }
+  uint64_t total_records() const noexcept { return offsets_.back(); }
+  const ShardFile& shard(size_t i) const { return *shards_.at(i); }
+
+  // Maps a global sample index to (shard, key within shard). Throws
+  // FastloadError when the index is out of range.
+  std::pair<size_t, uint64_t> locate(uint64_t global_index) const;
+
+  // Hints the CPU to start loading the first bytes of a record that will be
+  // read soon (random reads are memory-latency bound); no effect on results.
+  // Indices out of range are ignored.
+  void prefetch(uint64_t global_index) const noexcept;
+
+ private:
+  std::vector<std::unique_ptr<ShardFile>> shards_;
+  std::vector<uint64_t> offsets_;  // offsets_[i] = first global index of shard i
+};
+
+// Maps `path` and validates it as a shard of `expected_records` records;
+// returns the layout (used by `fastload verify` and ShardDataset before they
+// let py-lmdb open the file). Throws as ShardFile's constructor.
+ShardLayout validate_shard_file(const std::string& path, uint64_t expected_records);
+
+}  // namespace fastload

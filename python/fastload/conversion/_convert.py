@@ -1,0 +1,186 @@
+"""``write_dataset``: any dataset (torch, HuggingFace, an iterable of samples) into shards.
+
+It goes through the writer of ``preprocess_tiles`` (``_dataset_writer``): the
+same shards, journal, ``resume`` and manifest, byte-identical for any number
+of workers. Samples are taken in fixed chunks (about 8 MB each, whatever the
+worker count), so memory stays bounded: ``4 * workers`` chunks in flight, one
+shard filling and one being written.
+
+- A map-style dataset (``__len__`` and ``__getitem__``: a torch ``Dataset``,
+  ``datasets.Dataset``) is handed once to each worker process (forked, so it
+  need not pickle), which reads, converts, checks and encodes its chunks.
+- An iterable (a torch ``IterableDataset``, ``datasets.IterableDataset``, a
+  generator) is read in this process, in order; workers encode the chunks.
+  Resuming one re-reads it from the start and skips what is written, so its
+  order must be the same on every pass.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+import shutil
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..format._manifest import MANIFEST_NAME, Manifest
+from ..format._record import CODECS, DEFAULT_ZSTD_LEVEL, Field, RecordEncoder
+from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
+from ._dataset_writer import PROGRESS_NAME, ShardLimits, Task, WriteJob
+from ._dataset_writer import write_dataset as write_job
+from ._run_record import check_resume_options
+from ._samples import check_sample, infer_fields, sample_arrays
+from ._sources import Source
+
+CHUNK_BYTES = 8 << 20
+_worker: dict[str, Any] = {}  # per worker process: the map-style dataset and its schema
+
+
+@dataclass(frozen=True)
+class _Settings:
+    fields: tuple[Field, ...]
+    names: tuple[str, ...] | None
+
+
+def _init_worker(dataset: Any, settings: _Settings) -> None:
+    _worker["dataset"], _worker["settings"] = dataset, settings
+
+
+def _encode_range(start: int, stop: int) -> list[bytes]:
+    dataset, settings = _worker["dataset"], _worker["settings"]
+    encoder = RecordEncoder(settings.fields)
+    return [encoder.encode(check_sample(sample_arrays(dataset[i], i, settings.names), settings.fields, i))
+            for i in range(start, stop)]
+
+
+def _encode_arrays(fields: tuple[Field, ...], samples: list[dict]) -> list[bytes]:
+    encoder = RecordEncoder(fields)
+    return [encoder.encode(s) for s in samples]
+
+
+def _is_map_style(source: Any) -> bool:
+    if "torch" in sys.modules:
+        import torch
+
+        if isinstance(source, torch.utils.data.IterableDataset):
+            return False
+    if type(source).__name__ == "IterableDataset":  # datasets.IterableDataset, without importing datasets
+        return False
+    return hasattr(source, "__len__") and hasattr(source, "__getitem__") and not isinstance(source, (dict, str))
+
+
+def _prepare(out: Path, overwrite: bool, resume: bool) -> None:
+    if not out.exists() or not any(out.iterdir()) or resume:
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out}: exists and is not empty (pass overwrite=True, or resume=True to continue)")
+    if not ((out / MANIFEST_NAME).exists() or (out / PROGRESS_NAME).exists()):
+        raise FileExistsError(f"{out}: not a fastload dataset; refusing to overwrite it")
+    shutil.rmtree(out)
+
+
+def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw", level: int | None = None,
+                  samples_per_shard: int | None = None, shard_size: str | None = "256MB", workers: int = 1,
+                  resume: bool = False, overwrite: bool = False, names: Sequence[str] | None = None,
+                  progress: bool = True) -> Manifest:
+    """Write every sample of ``source`` as a shard dataset in ``out_dir`` and return its manifest.
+
+    ``source``: a map-style or iterable torch ``Dataset``, a HuggingFace
+    ``datasets.Dataset`` or ``IterableDataset``, or any iterable of samples. A
+    sample is a dict or a tuple (fields ``"0"``, ``"1"``, ... or ``names``) of
+    numpy arrays, tensors, PIL images or scalars. The schema comes from the
+    first sample; a later sample that differs raises SchemaMismatchError
+    naming its index and field. Shards close at ``samples_per_shard`` samples
+    and/or ``shard_size`` bytes (``"512MB"``); arrays use ``codec`` (``level``
+    for zstd), scalars are stored raw. The output is byte-identical for any
+    ``workers``; ``resume=True`` continues an interrupted write (ValueError
+    when the options differ from the recorded ones).
+    """
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}; use one of {list(CODECS)}")
+    if level is not None and (codec == "raw" or not ZSTD_LEVELS[0] <= level <= ZSTD_LEVELS[1]):
+        raise ValueError(f"level {level} is not valid for codec {codec!r} (zstd codecs take 1 to 22)")
+    if workers < 1 or (samples_per_shard is not None and samples_per_shard < 1):
+        raise ValueError(f"workers and samples_per_shard must be positive, not {workers} and {samples_per_shard}")
+    try:
+        shard_bytes = parse_size(shard_size) if shard_size is not None else None
+    except Exception as err:
+        raise ValueError(f"shard_size: {err}") from None
+    if shard_bytes is None and samples_per_shard is None:
+        raise ValueError("give samples_per_shard or shard_size (or both)")
+    out = Path(out_dir)
+    map_style = _is_map_style(source)
+    if map_style and hasattr(source, "with_format") and type(source).__module__.startswith("datasets"):
+        source = source.with_format("numpy")
+    options = {"codec": codec, "level": (level or DEFAULT_ZSTD_LEVEL) if codec != "raw" else None,
+               "samples_per_shard": samples_per_shard, "shard_size": shard_bytes,
+               "names": list(names) if names is not None else None, "chunk_bytes": CHUNK_BYTES}
+    if resume:
+        try:
+            check_resume_options(out, options)
+        except UsageError as err:
+            raise ValueError(str(err).replace("--resume", "resume=True")) from None
+    _prepare(out, overwrite, resume)
+    if resume and (out / MANIFEST_NAME).exists():
+        from ..format._manifest import load_manifest
+
+        return load_manifest(out)
+
+    tuple_names = tuple(names) if names is not None else None
+    if map_style:
+        count: int | None = len(source)
+        if not count:
+            raise ValueError(f"{type(source).__name__}: the dataset is empty; nothing to write")
+        first = sample_arrays(source[0], 0, tuple_names)
+        rest: Iterator[Any] = iter(())
+    else:
+        count = None
+        iterator = iter(source)
+        try:
+            first = sample_arrays(next(iterator), 0, tuple_names)
+        except StopIteration:
+            raise ValueError(f"{type(source).__name__}: the iterable is empty; nothing to write") from None
+        rest = iterator
+    opts = {"level": int(level or DEFAULT_ZSTD_LEVEL)} if codec != "raw" else {}
+    fields = infer_fields(first, codec, opts)
+    sample_bytes = max(1, sum(f.nbytes for f in fields))
+    chunk = max(1, CHUNK_BYTES // sample_bytes)
+    settings = _Settings(fields, tuple_names)
+    kind = f"{type(source).__module__}.{type(source).__qualname__}"
+
+    def map_tasks(start: tuple[int, int]) -> Iterator[Task]:
+        assert count is not None
+        if start[0] > 0:
+            return
+        for a in range(start[1], count, chunk):
+            yield (0, a, (a, min(a + chunk, count)))
+
+    def iterable_tasks(start: tuple[int, int]) -> Iterator[Task]:
+        if start[0] > 0:  # every sample is written already
+            return
+        samples = itertools.chain([first], (sample_arrays(s, i, tuple_names) for i, s in enumerate(rest, 1)))
+        for _ in itertools.islice(samples, start[1]):  # written before the interruption
+            pass
+        index, pending = start[1], []  # type: tuple[int, list[dict[str, Any]]]
+        for arrays in samples:
+            pending.append(check_sample(arrays, fields, index + len(pending)))
+            if len(pending) == chunk:
+                yield (0, index, (fields, pending))
+                index, pending = index + chunk, []
+        if pending:
+            yield (0, index, (fields, pending))
+
+    provenance = {"tool": "fastload.write_dataset", "source": kind, "options": options,
+                  "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    job = WriteJob(out, settings, [Source(kind)], [count] if count is not None else None, [],
+                   ShardLimits(samples_per_shard, shard_bytes), provenance,
+                   tasks=map_tasks if map_style else iterable_tasks,
+                   encode=_encode_range if map_style else _encode_arrays,
+                   stamp=f"{kind}|{count}|{[f.to_json() for f in fields]}",
+                   worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample")
+    return write_job(job, workers, skip_bad=False, resume=resume, progress=progress).manifest
+

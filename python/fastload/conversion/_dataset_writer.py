@@ -1,0 +1,283 @@
+"""Writing one dataset directory: shards in order, a resumable journal, the manifest last."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+from tqdm import tqdm
+
+from ..errors import DatasetError, FastloadError
+from ..format._manifest import MANIFEST_NAME, Manifest, ShardInfo, file_hash, write_json_atomic
+from ..format._record import FORMAT_VERSION
+from ._encode import encode_source
+from ._images import ImageReadError
+from ._parallel import ordered_map
+from ._shard_writer import write_shard
+from ._sources import Source
+
+PROGRESS_NAME = ".progress.json"
+_DELAY_ENV = "FASTLOAD_TEST_SHARD_DELAY"  # tests: seconds to sleep after each shard
+
+
+class PreprocessError(Exception):
+    """A source image stopped the run; the message names the file."""
+
+
+@dataclass
+class ShardLimits:
+    """When a shard is full: a sample count, a byte size, or both."""
+
+    samples: int | None = None
+    bytes: int | None = None
+
+
+# A task: (source index, first sample of that source, arguments of the encode function).
+Task = tuple[int, int, tuple]
+
+
+@dataclass
+class WriteJob:
+    """One dataset to write: where, from which sources, with which settings.
+
+    By default each source is an image file encoded whole by ``encode_source``.
+    Other inputs (HDF5 stacks, torch or HuggingFace datasets) give their own
+    ``tasks`` (source index, first sample, encode arguments), their ``encode``
+    function, and a ``stamp`` identifying their content for ``--resume``;
+    ``tile_counts`` is None when the number of samples is unknown (an
+    iterable dataset).
+    """
+
+    out_dir: Path
+    settings: Any
+    sources: list[Source]
+    tile_counts: list[int] | None
+    probe_skipped: list[dict]
+    limits: ShardLimits
+    provenance: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+    tasks: Callable[[tuple[int, int]], Iterator[Task]] | None = None
+    encode: Callable[..., list[bytes]] = encode_source
+    stamp: str | None = None
+    worker_init: tuple[Callable[..., None], tuple] | None = None
+    unit: str = "tile"
+
+
+@dataclass
+class WriteResult:
+    """What a write produced, for the summary."""
+
+    manifest: Manifest
+    source_bytes: int
+    decoded_bytes: int
+
+
+def _fingerprint(job: WriteJob) -> str:
+    h = xxhash.xxh3_128()
+    h.update(f"format {FORMAT_VERSION}\n".encode())  # shards of another format version are not resumed
+    h.update(json.dumps(job.provenance.get("options", {}), sort_keys=True).encode())
+    h.update(json.dumps([f.to_json() for f in job.settings.fields], sort_keys=True).encode())
+    if job.stamp is not None:
+        h.update(job.stamp.encode())
+        return h.hexdigest()
+    for s in job.sources:
+        st = os.stat(os.path.join(job.settings.data_dir, s.relpath))
+        h.update(f"{s.relpath}|{s.label}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+class _Journal:
+    """The progress file of an unfinished dataset: completed shards and where each one ends."""
+
+    def __init__(self, out_dir: Path, fingerprint: str, options: dict[str, Any] | None = None) -> None:
+        self.path = out_dir / PROGRESS_NAME
+        self.fingerprint = fingerprint
+        self.options = options
+        self.entries: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []
+
+    def record(self, info: ShardInfo, next_source: int, next_tile: int, skipped: list[dict[str, Any]]) -> None:
+        """Append a completed shard and rewrite the file (``skipped``: the files skipped so far)."""
+        self.entries.append({**info.to_json(), "next_source": next_source, "next_tile": next_tile})
+        doc = {"fingerprint": self.fingerprint, "options": self.options, "shards": self.entries, "skipped": skipped}
+        write_json_atomic(self.path, doc)
+
+    def load_valid_prefix(self) -> None:
+        """Keep the completed shards whose files still match their hashes (in order)."""
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as err:
+            raise DatasetError(f"{self.path}: unreadable progress file ({err}); start again with --overwrite") from None
+        if doc.get("fingerprint") != self.fingerprint:
+            raise DatasetError(f"{self.path.parent}: --resume with other options or changed source files than "
+                               "the interrupted run (a source file's size or modification time differs, or one "
+                               "was added or removed); restore them, or start again with --overwrite")
+        out_dir = self.path.parent
+        for entry in doc["shards"]:
+            shard = out_dir / entry["file"]
+            if not shard.is_file() or shard.stat().st_size != entry["bytes"] or file_hash(shard) != entry["hash"]:
+                break
+            self.entries.append(entry)
+        position = self.position()
+        self.skipped = [s for s in doc.get("skipped", []) if s["index"] < position[0]]
+
+    def position(self) -> tuple[int, int]:
+        if not self.entries:
+            return (0, 0)
+        return (self.entries[-1]["next_source"], self.entries[-1]["next_tile"])
+
+    def shards(self) -> list[ShardInfo]:
+        return [ShardInfo(e["file"], e["count"], e["bytes"], e["hash"]) for e in self.entries]
+
+
+def _clean_partial_files(out_dir: Path, keep: set[str]) -> None:
+    for path in out_dir.iterdir():
+        name = path.name
+        ours = name.startswith("shard-") or name.endswith((".build", ".tmp"))
+        if path.is_file() and ours and name not in keep:
+            path.unlink()
+
+
+def _image_tasks(job: WriteJob, start: tuple[int, int]) -> Iterator[Task]:
+    for i in range(start[0], len(job.sources)):
+        src = job.sources[i]
+        first = start[1] if i == start[0] else 0
+        yield (i, first, (job.settings, src.relpath, src.label, first))
+
+
+def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, progress: bool = True) -> WriteResult:
+    """Write ``job.out_dir`` (shards, then the manifest) and return what was written.
+
+    Raises PreprocessError on a bad source image unless ``skip_bad``; the
+    shards completed so far stay on disk with the journal, and no manifest.
+    """
+    out_dir = job.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    journal = _Journal(out_dir, _fingerprint(job), job.provenance.get("options"))
+    if resume and journal.path.exists():
+        journal.load_valid_prefix()
+    _clean_partial_files(out_dir, {e["file"] for e in journal.entries})
+    start = journal.position()
+    delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
+
+    record_bytes = sum(f.nbytes for f in job.settings.fields)
+    counts = job.tile_counts
+    planned = sum(counts) if counts is not None else None
+    done = sum(e["count"] for e in journal.entries)
+    current: list[bytes] = []
+    current_size = 0
+    bar = tqdm(total=planned, initial=done, unit=job.unit, desc=out_dir.name, disable=not progress or None,
+               dynamic_ncols=True)
+
+    # Shards are written (LMDB, compacting copy, hash, journal) by one writer
+    # thread while this thread gathers the next shard's records: at most one
+    # shard is being written and one being filled, always in order.
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-shard-writer")
+    pending: Future[None] | None = None
+    shard_index = len(journal.entries)
+
+    def write_and_record(index: int, records: list[bytes], next_source: int, next_tile: int,
+                         skipped: list[dict[str, Any]]) -> None:
+        journal.record(write_shard(out_dir, index, records), next_source, next_tile, skipped)
+        if delay:
+            time.sleep(delay)
+
+    def flush(next_source: int, next_tile: int) -> None:
+        nonlocal current, current_size, pending, shard_index
+        if pending is not None:
+            pending.result()  # re-raises the previous shard's error
+        pending = writer.submit(write_and_record, shard_index, current, next_source, next_tile,
+                                list(journal.skipped))
+        shard_index += 1
+        current, current_size = [], 0
+
+    def after(index: int, t: int) -> tuple[int, int]:  # the position after sample t of source index
+        return (index + 1, 0) if counts is not None and t + 1 == counts[index] else (index, t + 1)
+
+    outcomes: Iterator[tuple[list[bytes] | None, BaseException | None]] = iter(())
+    try:
+        tasks, metas = itertools.tee((job.tasks or (lambda p: _image_tasks(job, p)))(start))
+        init = job.worker_init
+        outcomes = ordered_map(job.encode, (args for _, _, args in tasks), workers,
+                               *(init if init is not None else ()))
+        skipping = -1
+        failures: list[str] = []
+        for (index, first_tile, _), (records, error) in zip(metas, outcomes):
+            src = job.sources[index]
+            if index == skipping:
+                continue
+            if error is not None:
+                if isinstance(error, FastloadError):  # a typed error (a schema mismatch) travels as it is
+                    raise error
+                if not isinstance(error, ImageReadError):
+                    raise PreprocessError(f"{src.relpath}: {type(error).__name__}: {error}") from error
+                whole = first_tile == (start[1] if index == start[0] else 0)
+                if counts is None or not (skip_bad and whole):
+                    if job.tasks is not None:
+                        raise PreprocessError(str(error)) from error
+                    failures.append(str(error))  # keep decoding (writing nothing more) to list every bad image
+                    continue
+                tqdm.write(f"skipping {src.relpath}: {error.reason}")
+                journal.skipped.append({"index": index, "path": src.relpath, "error": error.reason})
+                bar.update(counts[index] - first_tile)
+                skipping = index
+                continue
+            assert records is not None
+            if failures:
+                continue
+            for t, record in enumerate(records, start=first_tile):
+                if job.limits.bytes and current and current_size + len(record) > job.limits.bytes:
+                    flush(index, t)
+                current.append(record)
+                current_size += len(record)
+                if job.limits.samples and len(current) == job.limits.samples:
+                    flush(*after(index, t))
+            bar.update(len(records))
+        if failures:
+            if pending is not None:
+                pending.result()
+            more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+            raise PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; "
+                                  "the shards before it are kept for --resume); fix or remove them, or pass "
+                                  "--skip-bad:\n  " + "\n  ".join(failures[:20]) + more)
+        if current:
+            flush(len(job.sources), 0)
+        if pending is not None:
+            pending.result()
+    finally:
+        close = getattr(outcomes, "close", None)
+        if close is not None:
+            close()  # shuts the worker pool down now, also on an error
+        writer.shutdown(wait=True)  # a shard already being written finishes and stays journaled
+        bar.close()
+
+    skipped_paths = {s["path"] for s in journal.skipped}
+    extra = {**job.extra}
+    shards = journal.shards()
+    total = sum(s.count for s in shards)
+    if counts is not None:
+        sources_doc, first = [], 0
+        for src, tiles in zip(job.sources, counts):
+            if src.relpath in skipped_paths:
+                continue
+            sources_doc.append({"path": src.relpath, "first_sample": first, "samples": tiles})
+            first += tiles
+        if total != first:
+            raise PreprocessError(f"{out_dir}: wrote {total} samples but the sources add up to {first}")
+        extra["sources"] = sources_doc
+    extra["skipped"] = job.probe_skipped + [{"path": s["path"], "error": s["error"]} for s in journal.skipped]
+    manifest = Manifest(fields=list(job.settings.fields), shards=shards, provenance=job.provenance, extra=extra)
+    write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
+    journal.path.unlink(missing_ok=True)
+    data_dir = getattr(job.settings, "data_dir", None)
+    used = [src for src in job.sources if src.relpath not in skipped_paths]
+    source_bytes = sum(os.path.getsize(os.path.join(data_dir, s.relpath)) for s in used) if data_dir else 0
+    return WriteResult(manifest, source_bytes, manifest.total * record_bytes)

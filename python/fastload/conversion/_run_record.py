@@ -1,0 +1,60 @@
+"""What a preprocess_tiles run records about its options, and the check ``--resume`` makes against it.
+
+Every written file of a run (the journal ``.progress.json``, each split's
+``manifest.json``, the root ``splits.json``) carries the options; ``--resume``
+with other options, whether the run finished or not, is refused naming each
+changed option with both values.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..format._manifest import MANIFEST_NAME
+from ..format._splits import SPLITS_NAME
+from ._cli_options import UsageError
+from ._dataset_writer import PROGRESS_NAME
+
+
+def _recorded_options(out: Path) -> tuple[Path, dict[str, Any]] | None:
+    candidates = [out / SPLITS_NAME, out / MANIFEST_NAME, out / PROGRESS_NAME]
+    candidates += [out / s / n for s in ("train", "val") for n in (MANIFEST_NAME, PROGRESS_NAME)]
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        options = doc.get("options") if path.name == PROGRESS_NAME else doc.get("provenance", {}).get("options")
+        if isinstance(options, dict):
+            return path, options
+    return None
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(not given)"
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return f"{value[0]}x{value[1]}"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def check_resume_options(out: Path, options: dict[str, Any]) -> None:
+    """Raise UsageError when ``options`` differ from those recorded in ``out`` (nothing recorded: no check)."""
+    found = _recorded_options(out)
+    if found is None:
+        return
+    where, recorded = found
+    now = json.loads(json.dumps(options))
+    changed = [k for k in sorted(set(now) | set(recorded)) if now.get(k) != recorded.get(k)]
+    if not changed:
+        return
+    lines = "\n  ".join(f"--{k.replace('_', '-')}: recorded {_show(recorded.get(k))}, now {_show(now.get(k))}"
+                        for k in changed)
+    raise UsageError(f"{out}: --resume with options that differ from the recorded run ({where.name}):\n  {lines}\n"
+                     "resume with the recorded options, or start again with --overwrite")

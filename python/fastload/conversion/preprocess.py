@@ -1,0 +1,333 @@
+r"""``preprocess_tiles``: turn a folder of images or rasters into LMDB shard datasets.
+
+Example::
+
+    preprocess_tiles --data-dir scenes/ --output-dir shards/ --tile-size 256 --stride 256 \
+        --codec zstd --val-fraction 0.1 --seed 0 --workers 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..errors import DatasetError
+from ..format._codecs import (
+    CODECS,
+    IMAGE_CODECS,
+    JPEG_DEFAULT_SUBSAMPLING,
+    JPEG_QUALITY,
+    JPEG_SUBSAMPLING,
+    default_options,
+)
+from ..format._dtypes import NUMPY_DTYPES, dtype_name
+from ..format._manifest import MANIFEST_NAME
+from ..format._record import Field
+from ..format._splits import SPLITS_NAME, write_splits
+from ._auto import PREFERENCES, Choice, choose_codec, sample_indices
+from ._cli_options import UsageError, check_options, parse_hw, parse_size
+from ._dataset_writer import PROGRESS_NAME, PreprocessError, ShardLimits, WriteJob, WriteResult, write_dataset
+from ._encode import EncodeSettings, TileSpec, source_samples
+from ._hdf5 import StackInfo, StackSettings
+from ._images import PILLOW_MODES, ImageReadError
+from ._label_csv import labels_from_csv
+from ._preprocess_h5 import probe_stacks, stack_fields, stack_job, stack_plan
+from ._preprocess_plan import (
+    SplitPlan,
+    check_consistent,
+    check_not_empty,
+    class_counts,
+    plan_split,
+    probe_all,
+    warn_lopsided_classes,
+    warn_no_tiles,
+)
+from ._run_record import check_resume_options
+from ._sources import Source, SourceError, find_images, labels_from_dirs, split_by_source
+
+__all__ = ["UsageError", "build_parser", "main", "parse_hw", "parse_size", "run"]
+
+DEFAULT_SHARD_BYTES = 256 * 10**6
+AUTO_SOURCES = 16  # --codec auto samples tiles of this many source images
+_OPTIONS_IN_PROVENANCE = ("labels", "labels_from_dirs", "label_column", "path_column", "tile_size", "stride", "edge",
+                          "layout", "dtype", "npy_layout", "mode", "val_fraction", "seed", "stratify",
+                          "samples_per_shard", "shard_size", "codec", "level",
+                          "quality", "subsampling", "prefer", "lossy_ok", "skip_bad", "h5_dataset", "h5_labels")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of ``preprocess_tiles``."""
+    p = argparse.ArgumentParser(prog="preprocess_tiles", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data-dir", "--data_dir", dest="data_dir", required=True, type=Path,
+                   help="folder of .png/.jpg/.tif/.npy files, searched recursively")
+    p.add_argument("--output-dir", "--output_dir", dest="output_dir", required=True, type=Path)
+    labels = p.add_mutually_exclusive_group()
+    labels.add_argument("--labels", type=Path, help="CSV of 'relative path,label' rows (a header row is detected)")
+    labels.add_argument("--labels-from-dirs", action="store_true", help="one sub-folder per class")
+    p.add_argument("--label-column", help="name of the label column in the --labels CSV's header")
+    p.add_argument("--path-column", help="name of the path column in the --labels CSV's header")
+    p.add_argument("--tile-size", type=parse_hw, help="cut images into HxW tiles")
+    p.add_argument("--stride", type=parse_hw, help="tile stride (default: the tile size)")
+    p.add_argument("--edge", choices=("drop", "pad"), help="partial tiles at the edges (default: drop)")
+    p.add_argument("--layout", choices=("chw", "hwc"), help="layout of image samples (default: chw)")
+    p.add_argument("--dtype", choices=sorted(NUMPY_DTYPES), help="cast images (refusing casts that change values)")
+    p.add_argument("--npy-layout", choices=("auto", "hwc", "chw"), default="auto",
+                   help="how 3-D .npy/.h5 arrays are laid out; auto: a small leading axis is bands-first")
+    p.add_argument("--mode", choices=PILLOW_MODES, default="keep", help="convert PNG/JPEG images to this Pillow mode")
+    p.add_argument("--h5-dataset", help="in .h5/.hdf5 files, the dataset of stacked samples, shape (N, ...)")
+    p.add_argument("--h5-labels", help="in .h5/.hdf5 files, the dataset of labels, shape (N,)")
+    p.add_argument("--val-fraction", type=float, help="write train/ and val/, split by source image")
+    p.add_argument("--seed", type=int, help="seed of the train/val split (default: 0)")
+    p.add_argument("--stratify", action=argparse.BooleanOptionalAction, default=None,
+                   help="split by source image within each class (default: on when there are labels)")
+    p.add_argument("--samples-per-shard", type=int)
+    p.add_argument("--shard-size", type=parse_size,
+                   help="target shard size, e.g. 512MB (default 256MB); two shards are held in memory")
+    p.add_argument("--codec", choices=[*CODECS, "auto"], default="raw",
+                   help="auto: try the codecs that fit on a sample of the tiles and pick by --prefer")
+    p.add_argument("--prefer", choices=PREFERENCES, default="balanced",
+                   help="--codec auto's rule: smallest output (size), smallest among codecs decoding at least 5%% "
+                        "(balanced) or 50%% (speed) of raw's speed")
+    p.add_argument("--lossy-ok", action="store_true", help="--codec auto may pick jpeg")
+    p.add_argument("--level", type=int, help="zstd level (default 3), lz4 level (0 fast, default; 1-12 LZ4HC) or "
+                   "png zlib level (default 6)")
+    p.add_argument("--quality", type=int, help=f"jpeg quality, 1-100 (default {JPEG_QUALITY})")
+    p.add_argument("--subsampling", choices=JPEG_SUBSAMPLING,
+                   help=f"jpeg chroma subsampling of 3-channel images (default {JPEG_DEFAULT_SUBSAMPLING})")
+    p.add_argument("--workers", type=int, default=1, help="encoding processes; output is identical for any value")
+    p.add_argument("--skip-bad", action="store_true", help="skip unreadable images, listing them in the manifest")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    mode.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _prepare_output(out: Path, overwrite: bool, resume: bool) -> None:
+    if not out.exists() or not any(out.iterdir()):
+        return
+    ours = [out / MANIFEST_NAME, out / PROGRESS_NAME, out / SPLITS_NAME, *(out / s / n for s in ("train", "val")
+                                                         for n in (MANIFEST_NAME, PROGRESS_NAME))]
+    looks_ours = any(p.exists() for p in ours) or all(p.name.startswith(("shard-", ".shard-")) for p in out.iterdir())
+    if resume:
+        if not looks_ours:
+            raise UsageError(f"{out}: nothing to resume here (no {PROGRESS_NAME} or {MANIFEST_NAME})")
+        return
+    if not overwrite:
+        raise UsageError(f"{out}: exists and is not empty; pass --overwrite to replace it or --resume to "
+                         "continue an interrupted run")
+    if not looks_ours:
+        raise UsageError(f"{out}: not a fastload output directory; refusing to delete it with --overwrite")
+    shutil.rmtree(out)
+
+
+def _sources_and_classes(args: argparse.Namespace, data_dir: Path) -> tuple[list[Source], list[str] | None]:
+    relpaths, others = find_images(data_dir)
+    if not relpaths:
+        raise SourceError(f"{data_dir}: no images found (.png, .jpg, .jpeg, .tif, .tiff, .npy, .h5, .hdf5)")
+    if others:
+        print(f"ignoring {len(others)} file(s) that are not images: {', '.join(others[:5])}"
+              + (" ..." if len(others) > 5 else ""), file=sys.stderr)
+    if args.labels_from_dirs:
+        return labels_from_dirs(relpaths)
+    if args.labels:
+        return labels_from_csv(args.labels, data_dir, relpaths, args.path_column, args.label_column)
+    return [Source(p) for p in relpaths], None
+
+
+def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
+    doc = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k in _OPTIONS_IN_PROVENANCE}
+    doc["labels"] = str(args.labels) if args.labels else None
+    # Effective values, so that spelling out a default does not count as a change on --resume.
+    labelled = bool(args.labels or args.labels_from_dirs)
+    if not args.h5_dataset:
+        doc["layout"] = args.layout or "chw"
+    if args.tile_size:
+        doc["edge"] = args.edge or "drop"
+    if args.val_fraction is not None:
+        doc["seed"] = 0 if args.seed is None else args.seed
+        doc["stratify"] = labelled if args.stratify is None else args.stratify
+    if args.codec != "raw":  # the encoder settings of the codec (docs/FORMAT.md)
+        options = default_options(args.codec, args.level, None, args.quality, args.subsampling)
+        doc.update({k: options[k] for k in ("level", "quality", "subsampling") if k in options})
+    return doc
+
+
+def run(args: argparse.Namespace) -> list[WriteResult]:
+    """Run preprocess_tiles for parsed arguments; return one result per written dataset.
+
+    Every option is checked before any image is read; every image is probed
+    before anything is written; a plan with an empty output or split is refused.
+    """
+    check_options(args)
+    data_dir: Path = args.data_dir.resolve() if args.data_dir.exists() else args.data_dir
+    option_doc = _option_doc(args)
+    if args.resume:
+        check_resume_options(args.output_dir, option_doc)
+    sources, classes = _sources_and_classes(args, data_dir)
+    _prepare_output(args.output_dir, args.overwrite, args.resume)
+
+    labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
+    stacks: dict[str, StackInfo] | None = None
+    choice: Choice | None = None
+    if args.h5_dataset:
+        if args.codec == "auto":
+            raise UsageError("--codec auto works on images; name a codec with --h5-dataset")
+        stacks, probe_bad = probe_stacks(data_dir, sources, args.h5_dataset, args.h5_labels, args.workers,
+                                         args.skip_bad)
+        options = default_options(args.codec, args.level, None, args.quality, args.subsampling)
+        try:
+            fields = stack_fields(next(iter(stacks.values())), args.dtype, args.codec, options, labelled)
+        except ValueError as err:  # the codec cannot hold the stack's samples (SchemaMismatchError)
+            raise UsageError(f"--codec {args.codec}: {err}") from None
+        settings: Any = StackSettings(str(data_dir), fields, args.h5_dataset, args.h5_labels)
+        tiles = TileSpec()
+        plans = [stack_plan(name, part, stacks) for name, part in _split(args, sources, option_doc)]
+    else:
+        good, infos, probe_bad = probe_all(data_dir, sources, args.npy_layout, args.mode, args.workers,
+                                           args.skip_bad)
+        if not good:
+            raise PreprocessError(f"{data_dir}: every image was unreadable")
+        ref = check_consistent(good, infos, args.tile_size is not None, args.dtype)
+        tiles = TileSpec(args.tile_size, args.stride or args.tile_size, args.edge or "drop")
+        info_of = {s.relpath: i for s, i in zip(good, infos)}
+        plans = [plan_split(name, part, info_of, tiles) for name, part in _split(args, sources, option_doc)]
+        height, width = args.tile_size or (ref.height, ref.width)
+        layout = args.layout or "chw"
+        shape = (ref.channels, height, width) if layout == "chw" else (height, width, ref.channels)
+        image_dtype = args.dtype or dtype_name(np.dtype(ref.dtype))
+        if args.codec == "auto":
+            choice = _choose_codec(args, data_dir, good, Field("image", image_dtype, shape), tiles, layout)
+            fields = (choice.field,)
+        else:
+            options = default_options(args.codec, args.level, layout if args.codec in IMAGE_CODECS else None,
+                                      args.quality, args.subsampling)
+            try:
+                fields = (Field("image", image_dtype, shape, args.codec, options),)
+            except ValueError as err:  # the codec cannot hold the images (SchemaMismatchError)
+                raise UsageError(f"--codec {args.codec}: {err}") from None
+        if labelled:
+            fields += (Field("label", "int64", ()),)
+        settings = EncodeSettings(str(data_dir), fields, tiles, layout, args.npy_layout, args.mode)
+    for plan in plans:
+        check_not_empty(plan, tiles, data_dir)
+    for plan in plans:
+        warn_no_tiles(plan, tiles)
+    if len(plans) > 1 and labelled and not args.h5_labels:
+        warn_lopsided_classes(plans, classes)
+
+    limits = ShardLimits(args.samples_per_shard, args.shard_size)
+    if limits.samples is None and limits.bytes is None:
+        limits.bytes = DEFAULT_SHARD_BYTES
+    results = []
+    for plan in plans:
+        out = args.output_dir / plan.name if plan.name else args.output_dir
+        if args.resume and (out / MANIFEST_NAME).exists():
+            print(f"{out}: already complete")
+            continue
+        provenance = _provenance(option_doc, data_dir, plan.name)
+        if choice is not None:
+            provenance["codec_choice"] = {"image": choice.to_json()}
+        bad = [b for b in probe_bad if b["path"] in plan.all_paths]
+        extra: dict[str, Any] = {"classes": classes} if classes is not None else {}
+        if plan.no_tiles:
+            extra["no_tiles"] = plan.no_tiles
+        job = WriteJob(out, settings, plan.sources, plan.tile_counts, bad, limits, provenance, extra)
+        if stacks is not None:
+            job = stack_job(job, settings, stacks)
+        results.append(write_dataset(job, args.workers, args.skip_bad, args.resume, not args.no_progress))
+    if len(plans) > 1:
+        per_class = labelled and not args.h5_labels
+        index = {p.name: {"path": p.name, "samples": p.samples, "sources": len(p.sources),
+                          "class_counts": class_counts(p, classes) if per_class else None} for p in plans}
+        write_splits(args.output_dir, index, _provenance(option_doc, data_dir, None))
+    _print_plans(plans, classes, labelled and not args.h5_labels)
+    return results
+
+
+def _split(args: argparse.Namespace, sources: list[Source], option_doc: dict[str, Any]) -> list[tuple[str, list]]:
+    if args.val_fraction is None:
+        return [("", sources)]
+    train, val = split_by_source(sources, args.val_fraction, option_doc["seed"], option_doc["stratify"])
+    return [("train", train), ("val", val)]
+
+
+def _provenance(option_doc: dict[str, Any], data_dir: Path, split: str | None) -> dict[str, Any]:
+    return {"tool": f"fastload preprocess_tiles {__version__}", "options": option_doc,
+            "source_root": str(data_dir), "split": split or None,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _print_plans(plans: list[SplitPlan], classes: list[str] | None, labelled: bool) -> None:
+    for plan in plans:
+        line = f"{plan.name or 'dataset'}: {plan.samples} samples from {len(plan.sources)} source images"
+        if labelled:
+            counts = class_counts(plan, classes)
+            line += "; per class: " + ", ".join(f"{c} {n}" for c, n in counts.items())
+        print(line)
+
+
+def _choose_codec(args: argparse.Namespace, data_dir: Path, good: list[Source], raw_field: Field,
+                  tiles: TileSpec, layout: str) -> Choice:
+    """Run --codec auto on tiles of up to AUTO_SOURCES images spread over the sorted sources."""
+    settings = EncodeSettings(str(data_dir), (raw_field,), tiles, layout, args.npy_layout, args.mode)
+    picks = np.unique(np.linspace(0, len(good) - 1, min(len(good), AUTO_SOURCES)).astype(int))
+    samples = []
+    for i in picks:
+        try:
+            samples += source_samples(settings, good[i].relpath)
+        except ImageReadError as err:
+            if not args.skip_bad:
+                raise PreprocessError(str(err)) from None
+    if not samples:
+        raise UsageError("--codec auto: the sampled images give no tiles")
+    stack = np.stack(samples)
+    stack = stack[sample_indices(len(stack), stack[0].nbytes)]
+    choice = choose_codec("image", stack, layout if stack.ndim == 4 else None, args.prefer, args.lossy_ok)
+    print(choice.summary())
+    return choice
+
+def _summary(results: list[WriteResult], elapsed: float) -> str:
+    samples = sum(r.manifest.total for r in results)
+    shards = sum(len(r.manifest.shards) for r in results)
+    out_bytes = sum(s.bytes for r in results for s in r.manifest.shards)
+    decoded = sum(r.decoded_bytes for r in results)
+    source = sum(r.source_bytes for r in results)
+    ratio = decoded / out_bytes if out_bytes else 0.0
+    return (f"done: {samples} samples in {shards} shards; source files {source / 1e6:.1f} MB, "
+            f"decoded {decoded / 1e6:.1f} MB, shards {out_bytes / 1e6:.1f} MB (ratio {ratio:.2f}x); "
+            f"{elapsed:.2f} s, {decoded / 1e6 / max(elapsed, 1e-9):.1f} MB/s decoded, "
+            f"{source / 1e6 / max(elapsed, 1e-9):.1f} MB/s of source files")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``preprocess_tiles`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    start = time.perf_counter()
+    try:
+        results = run(args)
+    except UsageError as err:
+        print(f"preprocess_tiles: error: {err}", file=sys.stderr)
+        return 2
+    except (SourceError, PreprocessError, DatasetError) as err:
+        print(f"preprocess_tiles: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("preprocess_tiles: interrupted; completed shards are kept, continue with --resume", file=sys.stderr)
+        return 130
+    if results:
+        print(_summary(results, time.perf_counter() - start))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The dataset manifest (``manifest.json``): schema, shards, counts and provenance.
+
+A directory is a dataset when it holds a valid manifest; the manifest is
+written last, atomically, so a directory without one is an incomplete dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from ..errors import DatasetError
+from ._manifest_check import read_manifest
+from ._record import FORMAT_VERSION, MAX_SAMPLE_BYTES_ENV, Field, max_sample_bytes
+
+MANIFEST_NAME = "manifest.json"
+HASH_ALGORITHM = "xxh3-128"
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard file as the manifest lists it."""
+
+    file: str
+    count: int
+    bytes: int
+    hash: str
+
+    def to_json(self) -> dict:
+        """Return the manifest's JSON form."""
+        return {"file": self.file, "count": self.count, "bytes": self.bytes, "hash": self.hash}
+
+
+@dataclass
+class Manifest:
+    """The parsed contents of ``manifest.json``."""
+
+    fields: list[Field]
+    shards: list[ShardInfo]
+    provenance: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def total(self) -> int:
+        """Return the number of samples in the dataset."""
+        return sum(s.count for s in self.shards)
+
+    @property
+    def fingerprint(self) -> str:
+        """Return a short hash identifying the dataset's content (schema and shard hashes)."""
+        h = xxhash.xxh3_64()
+        h.update(json.dumps([f.to_json() for f in self.fields], sort_keys=True).encode())
+        for s in self.shards:
+            h.update(f"{s.file}:{s.count}:{s.hash}".encode())
+        return h.hexdigest()
+
+    def to_json(self) -> dict:
+        """Return the JSON document written to ``manifest.json``."""
+        doc = {
+            "format": "fastload-shards",
+            "format_version": self.format_version,
+            "schema": [f.to_json() for f in self.fields],
+            "total": self.total,
+            "shards": [s.to_json() for s in self.shards],
+            "provenance": self.provenance,
+        }
+        doc.update(self.extra)
+        return doc
+
+
+def file_hash(path: str | os.PathLike) -> str:
+    """Return the content hash of a file as written in the manifest (``xxh3-128:<hex>``)."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return f"{HASH_ALGORITHM}:{h.hexdigest()}"
+
+
+def write_json_atomic(path: str | os.PathLike, doc: Mapping) -> None:
+    """Write JSON to a temporary file, fsync it and rename it over ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Fsync a directory so a rename in it survives a crash (a no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_manifest(directory: str | os.PathLike) -> Manifest:
+    """Read and validate ``DIR/manifest.json``; raise DatasetError saying what is wrong."""
+    directory = Path(directory)
+    if not directory.exists():
+        raise DatasetError(f"{directory}: no such dataset directory")
+    if not directory.is_dir():
+        raise DatasetError(f"{directory}: not a directory (a dataset is a directory with {MANIFEST_NAME})")
+    path = directory / MANIFEST_NAME
+    if not path.exists():
+        hint = ""
+        if any(directory.glob("*.lmdb*")) or (directory / ".progress.json").exists():
+            hint = " (shards are present: an interrupted preprocess_tiles run? continue it with --resume)"
+        raise DatasetError(f"{directory}: incomplete dataset, no {MANIFEST_NAME}{hint}")
+    doc = read_manifest(path)  # every value's type and range checked: DatasetError naming the key
+    fields = [Field.from_json(f) for f in doc["schema"]]
+    shards = [ShardInfo(s["file"], s["count"], s["bytes"], s["hash"]) for s in doc["shards"]]
+    known = {"format", "format_version", "schema", "total", "shards", "provenance"}
+    extra = {k: v for k, v in doc.items() if k not in known}
+    manifest = Manifest(fields, shards, dict(doc.get("provenance", {})), extra, doc["format_version"])
+    limit = max_sample_bytes()
+    sample = sum(f.nbytes for f in fields)
+    if sample > limit:
+        raise DatasetError(f"{path}: schema: a sample of {sample} decoded bytes exceeds the limit of {limit} bytes "
+                           f"(set {MAX_SAMPLE_BYTES_ENV} to read larger samples)")
+    return manifest

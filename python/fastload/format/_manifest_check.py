@@ -1,0 +1,221 @@
+"""Strict validation of ``manifest.json``: every value's type and range, before anything is derived from it.
+
+A manifest is untrusted input. Each problem is a DatasetError naming the file
+and the key (``manifest.json: shards[2].count: ...``), never an OSError,
+TypeError, OverflowError or RecursionError from further down. The bounds:
+
+- the file is a regular file of at most ``MAX_MANIFEST_BYTES``, UTF-8 JSON with
+  no duplicate keys, no NaN/Infinity and at most ``MAX_DEPTH`` levels of nesting;
+- integers are JSON integers (not booleans, not floats such as ``1e400``) in
+  range: counts in [1, 2**63), sizes in [1, 2**63), dimensions in [0, 2**63);
+- names are 1 to ``MAX_NAME_CHARS`` printable characters, unique per schema;
+- dtypes and codecs are ones this fastload knows, codec options in range, and
+  each codec able to hold its field (png/jpeg: dtype, channels, layout);
+- shard ``i`` is named ``shard-{i:05d}.lmdb`` as the writers name them, so a
+  shard listed twice, dropped or moved is refused, and hashes are
+  ``xxh3-128:`` plus 32 lowercase hex digits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DatasetError
+from ._codecs import CODECS, codec_problem, options_problem
+from ._dtypes import NUMPY_DTYPES
+from ._record import READABLE_FORMAT_VERSIONS
+
+MAX_MANIFEST_BYTES = 256 << 20
+MAX_DEPTH = 64
+MAX_NAME_CHARS = 128
+MAX_FIELDS = 65535  # the record header's field count is 16-bit
+MAX_DIMS = 32
+LIMIT = 2**63  # every count, size and dimension is below it (the core's sizes are 64-bit)
+_HASH = re.compile(r"xxh3-128:[0-9a-f]{32}")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_FIELD_KEYS = {"name", "dtype", "shape", "codec", "codec_options"}
+_SHARD_KEYS = {"file", "count", "bytes", "hash"}
+
+
+def shard_name(index: int) -> str:
+    """Return the file name of shard ``index`` (the only name the manifest accepts at that position)."""
+    return f"shard-{index:05d}.lmdb"
+
+
+class _Invalid(Exception):
+    """A problem at a key; read_manifest adds the file."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}" if where else problem)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Read, parse and validate the manifest at ``path``; return its JSON object."""
+    try:
+        if not path.is_file():
+            raise DatasetError(f"{path}: the manifest is not a regular file")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as err:
+        raise DatasetError(f"{path}: unreadable manifest: {err}") from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise DatasetError(f"{path}: the manifest is larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        _check_depth(raw)
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                         parse_int=_bounded_int)
+        validate(doc)
+    except _Invalid as err:
+        raise DatasetError(f"{path}: invalid manifest: {err}") from None
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DatasetError(f"{path}: unreadable manifest: {err}") from None
+    return doc
+
+
+def _check_depth(raw: bytes) -> None:
+    codes = np.frombuffer(_STRING.sub(b'""', raw), dtype=np.uint8)
+    steps = (np.isin(codes, (ord("["), ord("{"))).astype(np.int64)
+             - np.isin(codes, (ord("]"), ord("}"))).astype(np.int64))
+    if steps.size and int(np.cumsum(steps).max()) > MAX_DEPTH:
+        raise _Invalid("", f"nested deeper than {MAX_DEPTH} levels")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Invalid("", f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 40:
+        raise _Invalid("", f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise _Invalid("", f"{name} is not a JSON number")
+
+
+def _int(value: Any, where: str, lo: int, hi: int = LIMIT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Invalid(where, f"{_show(value)} is not an integer")
+    if not lo <= value < hi:
+        raise _Invalid(where, f"{_show(value)} is out of range [{lo}, {'2**63' if hi == LIMIT else hi})")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(where, f"{_show(value)} is not a string")
+    return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _object(value: Any, where: str, required: set[str], allowed: set[str] | None = None) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise _Invalid(where, f"expected an object, not {type(value).__name__}")
+    missing = sorted(required - set(value))
+    if missing:
+        raise _Invalid(where, f"missing key {missing[0]!r}")
+    if allowed is not None and set(value) - allowed:
+        raise _Invalid(where, f"unknown key {sorted(set(value) - allowed)[0]!r}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _Invalid(where, f"expected an array, not {type(value).__name__}")
+    return value
+
+
+def _name(value: Any, where: str) -> str:
+    name = _str(value, where)
+    if not 1 <= len(name) <= MAX_NAME_CHARS or not name.isprintable():
+        raise _Invalid(where, f"a name is 1 to {MAX_NAME_CHARS} printable characters, not {_show(name)}")
+    return name
+
+
+def validate(doc: Any) -> None:
+    """Raise _Invalid at the first value of ``doc`` that breaks docs/FORMAT.md or the bounds above."""
+    doc = _object(doc, "", {"format", "format_version", "schema", "total", "shards"})
+    if doc["format"] != "fastload-shards":
+        raise _Invalid("format", f"{_show(doc['format'])}: not a fastload manifest")
+    version = _int(doc["format_version"], "format_version", 0)
+    if version not in READABLE_FORMAT_VERSIONS:
+        raise _Invalid("format_version", f"format version {version}, this fastload reads {READABLE_FORMAT_VERSIONS}")
+    schema = _list(doc["schema"], "schema")
+    if not 1 <= len(schema) <= MAX_FIELDS:
+        raise _Invalid("schema", f"{len(schema)} fields; a schema has 1 to {MAX_FIELDS}")
+    names: set[str] = set()
+    for i, field in enumerate(schema):
+        _check_field(field, f"schema[{i}]", names)
+    shards = _list(doc["shards"], "shards")
+    total = 0
+    for i, shard in enumerate(shards):
+        total += _check_shard(shard, f"shards[{i}]", i)
+    _int(doc["total"], "total", 0)
+    if total >= LIMIT:
+        raise _Invalid("shards", f"the counts add up to {total}, beyond 2**63")
+    if doc["total"] != total:
+        raise _Invalid("total", f"total {doc['total']} differs from the shards' sum {total}")
+    if "provenance" in doc:
+        _object(doc["provenance"], "provenance", set())
+    if "classes" in doc:
+        for i, name in enumerate(_list(doc["classes"], "classes")):
+            _str(name, f"classes[{i}]")
+
+
+def _check_field(field: Any, where: str, names: set[str]) -> None:
+    field = _object(field, where, {"name", "dtype", "shape"}, _FIELD_KEYS)
+    name = _name(field["name"], f"{where}.name")
+    if name in names:
+        raise _Invalid(f"{where}.name", f"field name {name!r} appears twice")
+    names.add(name)
+    dtype = _str(field["dtype"], f"{where}.dtype")
+    if dtype not in NUMPY_DTYPES:
+        raise _Invalid(f"{where}.dtype", f"unknown dtype {_show(dtype)}; known: {', '.join(NUMPY_DTYPES)}")
+    shape = _list(field["shape"], f"{where}.shape")
+    if len(shape) > MAX_DIMS:
+        raise _Invalid(f"{where}.shape", f"{len(shape)} dimensions; at most {MAX_DIMS}")
+    for d, dim in enumerate(shape):
+        _int(dim, f"{where}.shape[{d}]", 0)
+    codec = _str(field.get("codec", "raw"), f"{where}.codec")
+    if codec not in CODECS:
+        raise _Invalid(f"{where}.codec", f"unknown codec {_show(codec)}; known: {', '.join(CODECS)}")
+    options = _object(field.get("codec_options", {}), f"{where}.codec_options", set())
+    if "level" in options:
+        _int(options["level"], f"{where}.codec_options.level", -(2**31), 2**31)
+    problem = options_problem(codec, options)
+    if problem:
+        raise _Invalid(f"{where}.codec_options", problem)
+    problem = codec_problem(codec, dtype, shape, options)
+    if problem:
+        raise _Invalid(f"{where}.codec", problem)
+
+
+def _check_shard(shard: Any, where: str, index: int) -> int:
+    shard = _object(shard, where, _SHARD_KEYS, _SHARD_KEYS)
+    file = _str(shard["file"], f"{where}.file")
+    if "/" in file or "\\" in file or file in ("", ".", ".."):
+        raise _Invalid(f"{where}.file", f"shard file name {_show(file)} must be a plain file name")
+    if file != shard_name(index):
+        raise _Invalid(f"{where}.file", f"{_show(file)} where the writer names shard {index} "
+                                        f"{shard_name(index)!r} (a shard listed twice, dropped or moved)")
+    count = _int(shard["count"], f"{where}.count", 1)
+    _int(shard["bytes"], f"{where}.bytes", 1)
+    if not _HASH.fullmatch(_str(shard["hash"], f"{where}.hash")):
+        raise _Invalid(f"{where}.hash", f"{_show(shard['hash'])} is not 'xxh3-128:' and 32 lowercase hex digits")
+    return count

@@ -1,0 +1,157 @@
+"""Checking a dataset: the manifest, every shard's hash and every record's checksum.
+
+Shards are checked by ``jobs`` threads (reading, hashing and zstd release the
+GIL), reported in shard order; a progress bar counts bytes hashed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lmdb
+import xxhash
+from tqdm import tqdm
+
+from ..conversion._shard_writer import record_key
+from ..errors import CorruptShardError, DatasetError, FastloadError, ShardNotFoundError
+from . import _lmdb_envs
+from ._manifest import HASH_ALGORITHM, ShardInfo, load_manifest
+from ._record import RECORD_VERSION, Field, RecordDecodeError, decode_record, schema_fingerprint
+from ._shard_files import check_shard_file
+
+_CHUNK = 1 << 22
+
+
+@dataclass
+class VerifyReport:
+    """What a verification covered and found."""
+
+    shards: int = 0
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Return whether no problem was found."""
+        return not self.problems
+
+    def summary(self, name: str) -> str:
+        """Return the final line: shards, records, bytes, seconds and throughput."""
+        rate = self.bytes / 1e9 / self.seconds if self.seconds > 0 else 0.0
+        status = "OK" if self.ok else f"{len(self.problems)} problem(s)"
+        return (f"{name}: {status}: {self.shards} shards, {self.records} records, {self.bytes / 1e9:.3f} GB "
+                f"in {self.seconds:.2f} s ({rate:.2f} GB/s)")
+
+
+def _hash_file(path: Path, advance: Callable[[int], None]) -> str:
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            advance(len(chunk))
+    return f"{HASH_ALGORITHM}:{h.hexdigest()}"
+
+
+def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
+                advance: Callable[[int], None] = lambda n: None, allow_external_shards: bool = False,
+                version: int = RECORD_VERSION) -> list[str]:
+    """Return one line per problem of one shard: size, content hash, then every record's checksum.
+
+    The file is checked as ``ShardDataset`` checks it (a regular file inside ``directory`` unless
+    ``allow_external_shards``) and its LMDB structure is validated before py-lmdb reads it.
+    ``version`` is the dataset's format version (v2 records are checked against their key and schema).
+    """
+    fingerprint = schema_fingerprint(fields)
+    path = directory / shard.file
+    try:
+        check_shard_file(directory, shard, allow_external_shards, check_size=False)
+    except ShardNotFoundError:
+        return [f"{path}: shard file not found"]
+    except CorruptShardError as err:
+        advance(shard.bytes)
+        return [str(err)]
+    problems = []
+    try:
+        size = path.stat().st_size
+        if size != shard.bytes:
+            problems.append(f"{path}: {size} bytes, the manifest says {shard.bytes}")
+            advance(shard.bytes)
+        elif _hash_file(path, advance) != shard.hash:
+            problems.append(f"{path}: content hash differs from the manifest's")
+    except OSError as err:
+        return [*problems, f"{path}: unreadable: {err}"]
+    try:
+        env = _lmdb_envs.acquire(path, shard.count)
+    except FastloadError as err:
+        return [*problems, str(err)]
+    key = 0
+    try:
+        with env.begin(buffers=True) as txn:
+            for key in range(shard.count):
+                raw = txn.get(record_key(key))
+                if raw is None:
+                    problems.append(f"{path} record {key}: key not found in the shard")
+                    continue
+                try:
+                    decode_record(raw, fields, verify=True, key=key, version=version, fingerprint=fingerprint)
+                except RecordDecodeError as err:
+                    problems.append(f"{path} record {key}: {err}")
+    except lmdb.Error as err:  # the B-tree itself is damaged: the rest of this shard cannot be trusted
+        problems.append(f"{path} record {key}: LMDB: {type(err).__name__}: {err} (stopped reading this shard)")
+    finally:
+        _lmdb_envs.release(path)
+    return problems
+
+
+def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool = False,
+                   on_problem: Callable[[str], None] = lambda line: None,
+                   allow_external_shards: bool = False) -> VerifyReport:
+    """Check one dataset directory with ``jobs`` threads; call ``on_problem`` per problem, in shard order."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
+    directory = Path(directory)
+    report = VerifyReport()
+    start = time.perf_counter()
+    try:
+        manifest = load_manifest(directory)
+    except DatasetError as err:
+        report.problems.append(str(err))
+        on_problem(str(err))
+        return report
+    total = sum(s.bytes for s in manifest.shards)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"verify {directory.name}", disable=not progress or None,
+               dynamic_ncols=True, leave=False)
+    lock = threading.Lock()
+
+    def advance(n: int) -> None:
+        with lock:
+            bar.update(n)
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="fastload-verify") as pool:
+            outcomes = pool.map(lambda s: check_shard(directory, s, manifest.fields, advance, allow_external_shards,
+                                                      manifest.format_version), manifest.shards)
+            for shard, problems in zip(manifest.shards, outcomes):
+                report.shards += 1
+                report.records += shard.count
+                report.bytes += shard.bytes
+                for line in problems:
+                    report.problems.append(line)
+                    on_problem(line)
+    finally:
+        bar.close()
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def find_problems(directory: str | os.PathLike, allow_external_shards: bool = False) -> Iterator[str]:
+    """Yield one line per problem found in the dataset at ``directory`` (none when it is sound)."""
+    yield from verify_dataset(directory, allow_external_shards=allow_external_shards).problems

@@ -1,0 +1,113 @@
+"""``ShardDataModule``: train, val and test ``ShardLoader``s over a dataset root, for PyTorch Lightning.
+
+A root written by ``preprocess_tiles --val-fraction`` holds ``train/`` and
+``val/`` (and perhaps ``test/``), each a shard dataset. This module is imported
+only when ``fastload.ShardDataModule`` is first used: ``import fastload``
+never imports Lightning. When ``lightning`` (or else ``pytorch_lightning``) is
+installed, the class is a ``LightningDataModule`` subclass, which ``Trainer``
+requires; without either it is a plain class with the same methods.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import DatasetError
+from ._loader import ShardLoader
+
+SPLITS = ("train", "val", "test")
+
+
+def _lightning_base() -> type:
+    import importlib
+
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            base: type = importlib.import_module(name).LightningDataModule
+            return base
+        except ImportError:
+            continue
+    return object
+
+
+class ShardDataModule(_lightning_base()):  # type: ignore[misc]
+    """``train_dataloader()`` / ``val_dataloader()`` / ``test_dataloader()`` over ``root/train`` etc.
+
+    Each split gets one :class:`ShardLoader`, built on first request and then
+    returned again, so its epoch and position persist. The training loader
+    shuffles (``shuffle``, ``seed``, ``drop_last``); validation and test
+    loaders read in stored order with every sample. ``loader_kwargs`` (e.g.
+    ``num_threads``, ``backend``, ``device``, ``fields``) go to every loader.
+    ``state_dict()`` / ``load_state_dict()`` delegate to the loaders, so a
+    Lightning checkpoint restores them (the training loader's position is
+    also saved by Lightning's fit loop, which restores it mid-epoch).
+    """
+
+    def __init__(self, root: str | os.PathLike, batch_size: int, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, eval_batch_size: int | None = None, **loader_kwargs: Any) -> None:
+        super().__init__()
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise DatasetError(f"no such dataset root: {self.root}")
+        if not any((self.root / split).is_dir() for split in SPLITS):
+            raise DatasetError(f"{self.root} holds none of the split directories {', '.join(SPLITS)}")
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
+        self.loader_kwargs = dict(loader_kwargs)
+        self._loaders: dict[str, ShardLoader] = {}
+        self._pending: dict[str, Mapping[str, Any]] = {}
+
+    def has_split(self, split: str) -> bool:
+        """Return whether ``root/<split>`` exists."""
+        return (self.root / split).is_dir()
+
+    def loader(self, split: str) -> ShardLoader:
+        """Return the loader of ``split`` ("train", "val" or "test"), building it on first use."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+        if split not in self._loaders:
+            if not self.has_split(split):
+                raise DatasetError(f"{self.root} has no {split}/ directory")
+            train = split == "train"
+            loader = ShardLoader(self.root / split, batch_size=self.batch_size if train else self.eval_batch_size,
+                                 shuffle=self.shuffle and train, seed=self.seed, drop_last=self.drop_last and train,
+                                 **self.loader_kwargs)
+            if split in self._pending:
+                loader.load_state_dict(self._pending.pop(split))
+            self._loaders[split] = loader
+        return self._loaders[split]
+
+    def train_dataloader(self) -> ShardLoader:
+        """Return the shuffled training loader over ``root/train``."""
+        return self.loader("train")
+
+    def val_dataloader(self) -> ShardLoader | list[ShardLoader]:
+        """Return the validation loader over ``root/val`` (an empty list when there is none: no validation)."""
+        return self.loader("val") if self.has_split("val") else []
+
+    def test_dataloader(self) -> ShardLoader | list[ShardLoader]:
+        """Return the test loader over ``root/test`` (an empty list when there is none)."""
+        return self.loader("test") if self.has_split("test") else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the state of every loader built so far (and of those restored but not yet built)."""
+        states: dict[str, Any] = dict(self._pending)
+        states.update({split: loader.state_dict() for split, loader in self._loaders.items()})
+        return states
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore each split's loader now, or when it is built."""
+        for split, state in state_dict.items():
+            if split not in SPLITS:
+                raise ValueError(f"unknown split {split!r} in a ShardDataModule state")
+            if split in self._loaders:
+                self._loaders[split].load_state_dict(state)
+            else:
+                self._pending[split] = state
+
+    def __repr__(self) -> str:
+        splits = [s for s in SPLITS if self.has_split(s)]
+        return f"ShardDataModule({str(self.root)!r}, batch_size={self.batch_size}, splits={splits})"

@@ -1,0 +1,228 @@
+"""``ShardDataset``: the pure-Python reader of a shard dataset, a map-style torch Dataset.
+
+It is the reference the native reader is tested against and the dataset the
+``backend="torch"`` fallback hands to ``torch.utils.data.DataLoader``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import torch
+
+from ..conversion._shard_writer import record_key
+from ..errors import CorruptRecordError, DatasetError
+from ..format import _lmdb_envs
+from ..format._manifest import Manifest, load_manifest
+from ..format._record import (
+    Field,
+    RecordDecodeError,
+    decode_record,
+    decode_record_into,
+    record_layout,
+    schema_fingerprint,
+)
+from ..format._shard_files import check_shard_files
+from ..format._splits import resolve_dataset_path
+
+
+def empty_batch(count: int, field: Field, shared: bool) -> torch.Tensor:
+    """Return an uninitialised ``[count, *shape]`` tensor of the field's dtype (in shared memory when ``shared``)."""
+    dtype = torch.from_numpy(np.empty(0, field.np_dtype)).dtype
+    shape = (count, *field.shape)
+    if not shared:
+        return torch.empty(shape, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(max(1, count * field.nbytes))
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, torch.empty(shape, device="meta").stride())
+
+
+def check_sample_fits(directory: Path, manifest: Manifest) -> None:
+    """Refuse, before any allocation, a sample whose decoded bytes exceed this machine's physical memory."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not POSIX: no bound known
+        return
+    sample = sum(f.nbytes for f in manifest.fields)
+    if memory > 0 and sample > memory:
+        raise DatasetError(f"{directory}: a sample of {sample} decoded bytes does not fit in this machine's memory "
+                           f"({memory} bytes)")
+
+
+def select_fields(schema: Sequence[Field], fields: Sequence[str] | None) -> list[Field]:
+    """Return the schema fields named by ``fields`` (all when None); raise ValueError on an unknown name."""
+    if fields is None:
+        return list(schema)
+    if isinstance(fields, str):
+        fields = [fields]
+    names = [f.name for f in schema]
+    unknown = [n for n in fields if n not in names]
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}; the dataset has {names}")
+    if not fields:
+        raise ValueError("fields must name at least one field")
+    return [f for f in schema if f.name in fields]
+
+
+class ShardDataset(torch.utils.data.Dataset):
+    """A map-style dataset over a shard dataset directory: ``ds[i]`` is a dict of field name to tensor.
+
+    Opens LMDB lazily, so it pickles to ``spawn`` workers (which open their own
+    handles) and works in ``fork`` workers (which use the inherited read-only
+    ones). Scalars come back as 0-d tensors, arrays with the schema's dtype and
+    shape. Every shard's LMDB structure is validated before py-lmdb opens it;
+    a shard whose real path leaves the dataset directory (a symbolic link out
+    of it) is refused unless ``allow_external_shards`` is true.
+    """
+
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None,
+                 verify_checksums: bool = True, split: str | None = None,
+                 allow_external_shards: bool = False) -> None:
+        self.path = resolve_dataset_path(path, split)  # a root with splits.json needs split=
+        self.manifest = load_manifest(self.path)
+        self.allow_external_shards = bool(allow_external_shards)
+        check_sample_fits(self.path, self.manifest)
+        check_shard_files(self.path, self.manifest, self.allow_external_shards)
+        self.fields = select_fields(self.manifest.fields, fields)
+        self.verify_checksums = verify_checksums
+        self._wanted = [f in self.fields for f in self.manifest.fields]
+        self._fingerprint = schema_fingerprint(self.manifest.fields)
+        self._starts = [0]
+        for shard in self.manifest.shards:
+            self._starts.append(self._starts[-1] + shard.count)
+        self._envs: dict[int, Any] = {}
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Return the class names (label ``i`` is ``classes[i]``), or None when labels are plain integers."""
+        classes = self.manifest.extra.get("classes")
+        return [str(c) for c in classes] if isinstance(classes, list) else None
+
+    @property
+    def schema(self) -> list[Field]:
+        """Return the fields this dataset yields, in schema order."""
+        return list(self.fields)
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Return (shard number, key within the shard) of global sample ``index``."""
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"sample index {index} out of range for {n} samples")
+        shard = bisect.bisect_right(self._starts, index) - 1
+        return shard, index - self._starts[shard]
+
+    def _env(self, shard: int) -> Any:
+        env = self._envs.get(shard)
+        if env is None:
+            info = self.manifest.shards[shard]
+            env = self._envs[shard] = _lmdb_envs.acquire(self.path / info.file, info.count)
+        return env
+
+    def read_arrays(self, index: int) -> list[np.ndarray]:
+        """Return the selected fields of sample ``index`` as numpy arrays, in schema order."""
+        shard, key = self.locate(int(index))
+        path = self.path / self.manifest.shards[shard].file
+        env = self._env(shard)
+        try:
+            with env.begin(buffers=True) as txn:
+                raw = txn.get(record_key(key))
+                if raw is None:
+                    raise CorruptRecordError(str(path), key, "key not found in the shard")
+                try:
+                    arrays = decode_record(raw, self.manifest.fields, self.verify_checksums, key=key,
+                                           version=self.manifest.format_version, fingerprint=self._fingerprint)
+                except RecordDecodeError as err:
+                    raise CorruptRecordError(str(path), key, str(err)) from None
+        except lmdb.Error as err:  # damage to the shard's B-tree, as LMDB reports it
+            raise CorruptRecordError(str(path), key, f"LMDB: {type(err).__name__}: {err}") from None
+        return [a for a, wanted in zip(arrays, self._wanted) if wanted]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        arrays = self.read_arrays(index)
+        return {f.name: torch.from_numpy(a) for f, a in zip(self.fields, arrays)}
+
+    def read_batch(self, indices: Sequence[int], shared: bool = False) -> dict[str, torch.Tensor]:
+        """Return samples ``indices`` as one batch: ``{name: tensor[len(indices), *shape]}``.
+
+        Each record is decoded straight into its row of one array per field,
+        with one LMDB read transaction per shard touched: no tensor per sample
+        and no collation. ``shared=True`` allocates the batch in shared memory,
+        so a DataLoader worker sends it to the main process without a copy.
+        """
+        count = len(indices)
+        tensors = {f.name: empty_batch(count, f, shared) for f in self.fields}
+        rows = [tensors[f.name].view(torch.uint8).reshape(count, f.nbytes).numpy() if wanted else None
+                for f, wanted in zip(self.manifest.fields, self._wanted)]
+        by_shard: dict[int, list[tuple[int, int]]] = {}
+        for position, index in enumerate(indices):
+            shard, key = self.locate(int(index))
+            by_shard.setdefault(shard, []).append((position, key))
+        schema = self.manifest.fields
+        layout = record_layout(schema)
+        verify, version = self.verify_checksums, self.manifest.format_version
+        for shard, items in by_shard.items():
+            path = self.path / self.manifest.shards[shard].file
+            env, key = self._env(shard), items[0][1]
+            try:
+                with env.begin(buffers=True) as txn:
+                    for position, key in items:
+                        raw = txn.get(record_key(key))
+                        try:
+                            if raw is None:
+                                raise RecordDecodeError("key not found in the shard")
+                            decode_record_into(raw, schema, [r[position] if r is not None else None for r in rows],
+                                               verify, layout, key=key, version=version,
+                                               fingerprint=self._fingerprint)
+                        except RecordDecodeError as err:
+                            raise CorruptRecordError(str(path), key, str(err)) from None
+            except lmdb.Error as err:  # damage to the shard's B-tree, as LMDB reports it
+                raise CorruptRecordError(str(path), key, f"LMDB: {type(err).__name__}: {err}") from None
+        return tensors
+
+    def subset(self, indices: Any) -> Any:
+        """Return a :class:`~fastload._compose.ShardSubset`: the samples ``indices`` (integers in range), in that order.
+
+        A ``ShardLoader`` over the subset reads it through this dataset with
+        ``indices=`` (shuffled among themselves with ``shuffle=True``).
+        """
+        from ._compose import ShardSubset
+
+        return ShardSubset(self, indices)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_envs"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def close(self) -> None:
+        """Close the LMDB handles this process opened."""
+        self._release(wait=True)
+
+    def _release(self, wait: bool) -> None:
+        for shard in self._envs:
+            _lmdb_envs.release(self.path / self.manifest.shards[shard].file, wait)
+        self._envs = {}
+
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:  # bound now: see below
+        # At interpreter exit the modules this needs may already be torn down; the process is ending and
+        # the operating system closes the read-only environments, so there is nothing left to release.
+        if "_envs" in self.__dict__ and not _finalizing():
+            self._release(wait=False)  # a finalizer may run inside _lmdb_envs.acquire on this thread
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in self.fields)
+        return f"ShardDataset({str(self.path)!r}, {len(self)} samples, {fields})"

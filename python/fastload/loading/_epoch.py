@@ -1,0 +1,179 @@
+"""One pass over a ShardLoader: starts on its first ``next()``, counts what it delivers, closes cleanly.
+
+The iterator knows nothing of the loader: the loader hands it callbacks
+(:class:`PassHooks`). A pass is *pending* from ``iter()`` until its first
+``next()``, which asks ``begin`` for its epoch, plan and batches, so a
+``set_epoch`` or ``load_state_dict`` between ``iter()`` and the first batch
+still takes effect (trainers call ``iter()`` before their epoch hooks). A pass
+*ends* once: complete when it delivers its last batch, abandoned when it is
+closed (``break``, ``del``, an exception) before that; ``ended`` tells the loader.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import FastloadError
+from ._plan import EpochPlan
+
+Batch = dict[str, torch.Tensor]
+_STAGES = ("read_s", "decompress_s", "copy_s")
+
+
+@dataclass(frozen=True)
+class PassHooks:
+    """What a pass needs from its loader.
+
+    ``begin(it)`` fixes the pass's epoch and plan and returns them with the
+    batch iterator; ``ended(it, complete)`` reports the end of the pass;
+    ``remaining()`` is how many batches a pass started now would deliver.
+    """
+
+    begin: Callable[[EpochIterator], tuple[int, EpochPlan, Iterator[Batch]]]
+    ended: Callable[[EpochIterator, bool], None]
+    remaining: Callable[[], int]
+
+
+class EpochIterator:
+    """One pass over a loader: the batches of one epoch (or of what is left of it after a resume)."""
+
+    def __init__(self, hooks: PassHooks) -> None:
+        self._hooks = hooks
+        self._inner: Iterator[Batch] | None = None
+        self.epoch: int | None = None
+        self.plan: EpochPlan | None = None
+        self.delivered = 0
+        self.finished = False  # ended: complete or abandoned
+        self.complete = False
+        self._samples = 0
+        self._wait = 0.0
+        self._started = time.perf_counter()
+        self._busy = threading.Lock()  # one consumer at a time (issue 10)
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __next__(self) -> Batch:
+        # A second thread inside next() would race on the pass (two begins, counts, the batch queue):
+        # it gets a typed error and the first thread's pass goes on untouched.
+        if not self._busy.acquire(blocking=False):
+            raise FastloadError("this loader iterator is being consumed by another thread; give each thread its "
+                                "own iterator (or its own ShardLoader)")
+        try:
+            return self._next_batch()
+        finally:
+            self._busy.release()
+
+    def _next_batch(self) -> Batch:
+        if self.finished:
+            raise StopIteration
+        if self._inner is None:
+            self.epoch, self.plan, self._inner = self._hooks.begin(self)
+            self._started = time.perf_counter()
+        assert self.plan is not None
+        if self.delivered >= len(self.plan):  # an empty plan: complete without a batch
+            self._end(complete=True)
+            raise StopIteration
+        start = time.perf_counter()
+        try:
+            batch = next(self._inner, None)
+        except BaseException:
+            self._end(complete=False)
+            raise
+        finally:
+            self._wait += time.perf_counter() - start
+        if batch is None:  # the batches ran out before the plan did: never pass that off as an epoch's end
+            self._end(complete=False)
+            raise RuntimeError(f"a pass over {len(self.plan)} batches stopped after {self.delivered}")
+        self.delivered += 1
+        self._samples += _batch_len(batch)
+        if self.delivered == len(self.plan):
+            self._end(complete=True)  # the last batch: the epoch is complete now, not on an extra next()
+        return batch
+
+    @property
+    def started(self) -> bool:
+        """Return whether the first batch was requested (the epoch and plan are fixed)."""
+        return self._inner is not None
+
+    def _end(self, complete: bool) -> None:
+        if self.finished:
+            return
+        self.finished, self.complete = True, complete
+        try:
+            close = getattr(self._inner, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._hooks.ended(self, complete)
+
+    def raw_stats(self, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+        """Return this pass's counters (the native reader's included).
+
+        ``clock`` is bound at definition: ``__del__`` ends a pass at interpreter exit, when module globals are gone.
+        """
+        stats: dict[str, Any] = {}
+        native = getattr(self._inner, "stats", None)
+        if callable(native):
+            stats.update(native())
+        stats.update({"batches": self.delivered, "samples": self._samples, "wait_s": self._wait,
+                      "wall_s": clock() - self._started})
+        return stats
+
+    def reset_stats(self) -> None:
+        """Zero the counters of this pass."""
+        self._samples, self._wait, self._started = 0, 0.0, time.perf_counter()
+        reset = getattr(self._inner, "reset_stats", None)
+        if callable(reset):
+            reset()
+
+    def close(self) -> None:
+        """Stop this pass and release its threads; before its last batch this abandons the pass."""
+        self._end(complete=False)
+
+    def __del__(self) -> None:
+        if not getattr(self, "finished", True):
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown: nothing left to report to
+                pass
+
+    def __len__(self) -> int:
+        """Return the batches this pass has still to deliver (all of them before it starts)."""
+        if self.finished:
+            return 0
+        if self.plan is None:
+            return self._hooks.remaining()
+        return len(self.plan) - self.delivered
+
+
+def summarize_stats(raw: dict[str, Any], backend: str) -> dict[str, Any]:
+    """Add ``wait_share`` and ``bottleneck`` to raw counters."""
+    stats = dict(raw)
+    stats["backend"] = backend
+    wall = stats.get("wall_s", 0.0)
+    stats["wait_share"] = stats.get("wait_s", 0.0) / wall if wall > 0 else 0.0
+    if not stats.get("batches"):
+        stats["bottleneck"] = None
+    elif stats["wait_share"] < 0.1:
+        stats["bottleneck"] = "consumer"
+    elif stats.get("copy_wait_s", 0.0) > 0.5 * stats.get("wait_s", 0.0):
+        stats["bottleneck"] = "h2d"
+    elif all(k in stats for k in _STAGES):
+        stats["bottleneck"] = max(_STAGES, key=lambda k: stats[k])[:-2]
+    else:
+        stats["bottleneck"] = "loader"
+    return stats
+
+
+def _batch_len(batch: Any) -> int:
+    """Return the samples of a batch: a dict of tensors, or a tuple (``output=``); 0 if it cannot tell."""
+    first = next(iter(batch.values()), None) if isinstance(batch, dict) else (
+        batch[0] if isinstance(batch, (tuple, list)) and batch else None)
+    return len(first) if isinstance(first, torch.Tensor) and first.dim() > 0 else 0

@@ -1,0 +1,496 @@
+"""``ShardLoader``: a drop-in replacement for ``DataLoader`` over a shard dataset."""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import numpy as np
+import torch
+
+from ..format._splits import resolve_dataset_path
+from ..sampling._order import EpochOrder
+from ..sampling._sampling import ArrayOrder
+from ._augment import Augment, BatchTransform, check_dataset_class
+from ._compose import ConcatShardDataset, ShardSubset
+from ._dataset import ShardDataset
+from ._device import CudaOps, DevicePrefetcher, resolve_device
+from ._distributed import Topology, _positive_int
+from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
+from ._native_backend import NATIVE_IMPORT_ERROR, NativeEpoch, NativeSettings, open_shards
+from ._native_groups import GroupedNativeEpoch, open_groups
+from ._plan import BatchIndices, EpochPlan
+from ._sampler import EpochBatchSampler, EpochSampler
+from ._sampling_setup import WithSource, dataset_fingerprint, make_sampling
+from ._state import check_state, make_state
+from ._torch_backend import OrderBatchSampler, make_dataloader, workers_for_platform
+
+BACKEND_ENV = "FASTLOAD_BACKEND"
+Auto = Literal["auto"]
+
+
+def _resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
+    if backend not in ("auto", "native", "torch"):
+        raise ValueError(f"backend must be 'auto', 'native' or 'torch', not {backend!r}")
+    if backend == "native" and NATIVE_IMPORT_ERROR is not None:
+        raise ImportError(f"backend='native' needs fastload._native, which failed to import: {NATIVE_IMPORT_ERROR}")
+    if backend == "auto":
+        if NATIVE_IMPORT_ERROR is None:
+            return "native"
+        warnings.warn(f"fastload: the native extension is not available ({NATIVE_IMPORT_ERROR}); "
+                      "falling back to backend='torch'", RuntimeWarning, stacklevel=3)
+        return "torch"
+    return backend
+
+
+PINNED_PREFETCH_BYTES = 32 * 2**20
+
+
+def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool) -> int:
+    """Return ``prefetch="auto"``: one batch per thread (at least 2); pinned, no more than about 32 MiB of batches.
+
+    Page-locked memory is scarce and torch rounds each pinned batch up to a power of two;
+    with batches of a few MiB, two or three in flight keep every thread busy, since all
+    threads work on the oldest batch.
+    """
+    prefetch = max(2, num_threads)
+    if pin_memory and batch_bytes > 0:
+        prefetch = min(prefetch, max(2, -(-PINNED_PREFETCH_BYTES // batch_bytes)))
+    return prefetch
+
+
+def _resolve_pin_memory(pin_memory: bool | str, device: torch.device | None) -> bool:
+    if pin_memory == "auto":
+        return device is not None or torch.cuda.is_available()
+    if not isinstance(pin_memory, bool):
+        raise ValueError(f"pin_memory must be True, False or 'auto', not {pin_memory!r}")
+    if pin_memory and not torch.cuda.is_available():
+        raise ValueError("pin_memory=True needs CUDA, which is not available; use pin_memory='auto' or False")
+    return pin_memory
+
+
+class ShardLoader:
+    """Batches of a shard dataset in a seeded, deterministic order; a drop-in for ``DataLoader``.
+
+    Each batch is a dict of field name to a tensor of shape ``[B, *field shape]``
+    in the schema's dtype. The order of epoch ``e`` is a pure function of
+    ``(seed, e, len(dataset))`` (docs/ORDER.md), identical for every thread
+    count and backend.
+
+    Epochs work as with ``DataLoader`` + ``DistributedSampler`` (docs/ORDER.md,
+    "Epochs"): ``len(loader)`` is the number of batches of one full epoch on
+    this rank; every pass (each ``iter()``, from its first ``next()``) reads one
+    epoch, and the next pass reads the next epoch, whether the pass delivered
+    its last batch or was abandoned (``break``); ``set_epoch(e)`` (also through
+    ``loader.sampler`` / ``loader.batch_sampler.sampler``, where trainers call
+    it) selects the epoch of the next pass. ``load_state_dict`` makes the next
+    pass resume mid-epoch; ``remaining()`` says how many batches it has.
+
+    ``transforms=[...]`` (``fastload.transforms`` ops; ``layout="chw"`` or
+    ``"hwc"`` for 3-D fields) augments every sample inside the loader, the
+    same for any thread count, backend or resume point (docs/TRANSFORMS.md);
+    ``batch_transform=fn`` calls ``fn(batch, generator)`` on each batch on the
+    iterating thread with a generator keyed by (seed, epoch, batch);
+    ``output=("image", "label")`` yields tuples in that order instead of dicts.
+
+    ``backend="native"`` decodes in C++ threads into pooled (pinned when CUDA
+    is there) buffers; ``backend="torch"`` uses ``torch.utils.data.DataLoader``
+    over :class:`ShardDataset`; ``"auto"`` (or the ``FASTLOAD_BACKEND``
+    environment variable) picks native when the extension imports.
+
+    ``split="train"`` opens one split of a dataset root written with
+    ``preprocess_tiles --val-fraction`` (a root with ``splits.json``).
+
+    Without ``rank``/``world_size`` the split follows ``torch.distributed``
+    as it is when a pass starts (a loader may be built before
+    ``init_process_group``); each rank reads its disjoint part of every epoch
+    (``_plan.py``). With ``device="cuda"`` batches arrive on the GPU, copied one
+    batch ahead on a side stream. ``state_dict()`` / ``load_state_dict()``
+    resume exactly, also with another world size, and a loader pickles as its
+    configuration plus that state (for spawned processes).
+
+    Shards are validated before anything reads them; a shard whose real path
+    leaves the dataset directory is refused unless ``allow_external_shards``
+    is true (a ``ShardDataset`` passed in keeps its own setting).
+
+    Sampling (docs/ORDER.md, "Sampling"): ``indices=`` (or a
+    ``ShardDataset.subset``) reads those samples, in order or shuffled among
+    themselves; ``sample_weights=`` with ``num_samples=`` and ``replacement=``
+    draws as ``WeightedRandomSampler``; a ``fastload.concat`` is one index
+    space and a ``fastload.mix`` samples its datasets by weight. Every policy
+    is a pure function of ``(seed, epoch, position)``, so all of the above
+    (backends, threads, ranks, resume) holds for it too.
+
+    ``multiprocessing_context`` is the start method of ``backend="torch"``'s
+    workers: ``None`` forks on Linux and takes the platform's default
+    elsewhere (``spawn`` on Windows and macOS); ``"spawn"`` starts them as
+    Windows does, on any platform.
+    """
+
+    def __init__(
+        self,
+        path_or_dataset: str | os.PathLike | ShardDataset | ConcatShardDataset | ShardSubset,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_threads: Union[int, Auto] = "auto",
+        prefetch: Union[int, Auto] = "auto",
+        fields: Sequence[str] | None = None,
+        pin_memory: Union[bool, Auto] = "auto",
+        backend: Literal["auto", "native", "torch"] = "auto",
+        num_workers: Union[int, Auto] = "auto",
+        verify_checksums: bool = True,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even_batches: bool = True,
+        device: str | torch.device | None = None,
+        split: str | None = None,
+        allow_external_shards: bool = False,
+        indices: Any = None,
+        sample_weights: Any = None,
+        num_samples: int | None = None,
+        replacement: bool = True,
+        transforms: Sequence[Any] | None = None,
+        layout: str | Mapping[str, str] = "chw",
+        batch_transform: BatchTransform | None = None,
+        output: Sequence[str] | None = None,
+        multiprocessing_context: str | None = None,
+    ) -> None:
+        if split is not None:  # a dataset root with splits.json: pick one split's directory
+            if not isinstance(path_or_dataset, (str, os.PathLike)):
+                raise ValueError(f"split={split!r} needs a dataset root path, not a {type(path_or_dataset).__name__}")
+            path_or_dataset = resolve_dataset_path(path_or_dataset, split)
+        self.batch_size = _positive_int("batch_size", batch_size)
+        source: str | os.PathLike | ShardDataset | ConcatShardDataset | ShardSubset = path_or_dataset
+        if isinstance(source, ShardSubset):
+            if indices is not None:
+                raise ValueError("pass indices= or a ShardSubset, not both")
+            indices = source.indices
+            source = source.dataset
+        self.dataset: ShardDataset | ConcatShardDataset
+        if isinstance(source, ShardDataset):
+            self.dataset = source if fields is None else ShardDataset(
+                source.path, fields, verify_checksums, allow_external_shards=source.allow_external_shards)
+        elif isinstance(source, ConcatShardDataset):
+            self.dataset = source if fields is None else source.with_fields(fields)
+        elif isinstance(source, (str, os.PathLike)):
+            self.dataset = ShardDataset(Path(source), fields, verify_checksums,
+                                        allow_external_shards=allow_external_shards)
+        else:
+            raise TypeError(f"expected a dataset directory or a ShardDataset (or a fastload.concat, mix or subset), "
+                            f"not {type(path_or_dataset).__name__}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ValueError(f"seed must be an integer, not {seed!r}")
+        self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
+        self._sampling = make_sampling(self.dataset, self.shuffle, indices, sample_weights, num_samples,
+                                       replacement)
+        self._orders: dict[int, EpochOrder | ArrayOrder] = {}
+        self._topology = Topology(rank, world_size)
+        self.even_batches = bool(even_batches)
+        self.device = resolve_device(device)
+        self.num_threads = min(os.cpu_count() or 1, 8) if num_threads == "auto" else _positive_int(
+            "num_threads", num_threads)
+        self.pin_memory = _resolve_pin_memory(pin_memory, self.device)
+        if prefetch == "auto":
+            batch_bytes = self.batch_size * sum(f.nbytes for f in self.dataset.fields)
+            self.prefetch = auto_prefetch(self.num_threads, batch_bytes, self.pin_memory)
+        else:
+            self.prefetch = _positive_int("prefetch", prefetch)
+        self.backend = _resolve_backend(backend)
+        check_dataset_class(self.dataset, self.backend)
+        self.augment = Augment(self.dataset, transforms, layout, batch_transform, output, seed)
+        self.verify_checksums = verify_checksums
+        self._epoch = 0
+        self._start = 0  # global position where the next pass of self._epoch begins (after load_state_dict)
+        self._active: weakref.ref[EpochIterator] | None = None  # the started pass that moves this loader
+        self._last_stats: dict[str, Any] = {}
+        self._shards: Any = None  # the native ShardSet, opened by the first pass in this process
+        self._sampler: OrderBatchSampler | None = None
+        self._dataloader: torch.utils.data.DataLoader | None = None
+        self._samplers: tuple[EpochSampler, EpochBatchSampler] | None = None
+        self._sample_delay_us = 0  # testing only: slows every native read
+        self._host_allocator: Any = None  # testing only: replaces torch's pinned allocator
+        self._transfer_ops: Any = None  # testing only: replaces CudaOps (a device without CUDA)
+        self.max_copies_in_flight = 2
+        self._init_kwargs: dict[str, Any] = {
+            "batch_size": batch_size, "shuffle": shuffle, "seed": seed, "drop_last": drop_last,
+            "num_threads": num_threads, "prefetch": prefetch, "pin_memory": pin_memory, "backend": self.backend,
+            "num_workers": num_workers, "verify_checksums": verify_checksums, "prefetch_factor": prefetch_factor,
+            "persistent_workers": persistent_workers, "rank": rank, "world_size": world_size,
+            "even_batches": even_batches, "device": device, "indices": indices, "sample_weights": sample_weights,
+            "num_samples": num_samples, "replacement": replacement, "transforms": transforms,
+            "layout": layout, "batch_transform": batch_transform, "output": output,
+            "multiprocessing_context": multiprocessing_context}
+        if self.backend == "torch":
+            self.num_workers = workers_for_platform(num_workers)
+            if self.num_workers < 0:
+                raise ValueError(f"num_workers must be non-negative, not {self.num_workers}")
+            self._init_kwargs["num_workers"] = self.num_workers
+            self._sampler = OrderBatchSampler(self._order(0), self._plan(0, 0, warn=False))
+            self._dataloader = make_dataloader(self.dataset, self._sampler, self.num_workers, self.pin_memory, seed,
+                                               prefetch_factor, persistent_workers, self.augment,
+                                               multiprocessing_context)
+
+    # ---- distributed settings -----------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """Return this process's rank: as given, else torch.distributed's now, else 0."""
+        return self._topology.resolve(warn=False)[0]
+
+    @property
+    def world_size(self) -> int:
+        """Return the number of ranks: as given, else torch.distributed's now, else 1."""
+        return self._topology.resolve(warn=False)[1]
+
+    # ---- epochs and order ---------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """Return the epoch of the running pass, else of the next one (as ``state_dict()["epoch"]``)."""
+        active = self._live_pass()
+        return self._epoch if active is None else int(active.epoch)  # type: ignore[arg-type]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next pass, as ``DistributedSampler.set_epoch``.
+
+        A running pass is abandoned (its remaining batches no longer move the
+        loader). Another epoch starts from its beginning; the epoch the loader
+        is already at keeps a position loaded by ``load_state_dict``, so a
+        trainer that calls ``set_epoch`` after restoring a checkpoint resumes.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, not {epoch!r}")
+        self._abandon_active()
+        if epoch != self._epoch:
+            self._epoch, self._start = epoch, 0
+
+    def _order(self, epoch: int) -> EpochOrder | ArrayOrder:
+        order = self._orders.get(epoch)
+        if order is None:
+            order = self._sampling.epoch_order(self.seed, epoch, len(self.dataset), self.shuffle)
+            self._orders = {e: o for e, o in self._orders.items() if e in (epoch - 1, self._epoch)}
+            self._orders[epoch] = order
+        return order
+
+    def _plan(self, start: int, epoch: int | None = None, warn: bool = True) -> EpochPlan:
+        rank, world = self._topology.resolve(warn)
+        n = self._order(self._epoch if epoch is None else epoch).n
+        return EpochPlan(n, self.batch_size, self.drop_last, world, rank, start, self.even_batches)
+
+    def __len__(self) -> int:
+        """Return the batches of one full epoch on this rank, as ``len(DataLoader)``.
+
+        Without explicit ``rank``/``world_size`` this follows torch.distributed
+        as it is now: before ``init_process_group`` it counts for a single
+        process (and warns when ``WORLD_SIZE`` says otherwise).
+        """
+        return len(self._plan(0))
+
+    def remaining(self) -> int:
+        """Return the batches the running pass has still to deliver, else those of the next pass.
+
+        Equal to ``len(loader)`` except after ``load_state_dict`` mid-epoch (the
+        resumed pass reads only what is left of its epoch) and during a pass.
+        """
+        active = self._live_pass()
+        if active is not None:
+            assert active.plan is not None
+            return len(active.plan) - active.delivered
+        return len(self._plan(self._start, self._epoch))
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """Return the sampler trainers call ``set_epoch`` on; it lists this rank's indices of the next pass."""
+        return self._trainer_samplers()[0]
+
+    @property
+    def batch_sampler(self) -> EpochBatchSampler:
+        """Return the batch sampler (``.sampler`` is :attr:`sampler`) that trainers probe for ``set_epoch``."""
+        return self._trainer_samplers()[1]
+
+    def _trainer_samplers(self) -> tuple[EpochSampler, EpochBatchSampler]:
+        if self._samplers is None:
+            sampler = EpochSampler(self.set_epoch, self._next_pass_batches, lambda: self._plan(0).samples)
+            self._samplers = sampler, EpochBatchSampler(sampler, self.batch_size, self.drop_last,
+                                                        self._next_pass_batches, self.remaining)
+        return self._samplers
+
+    def _next_pass_position(self) -> tuple[int, int]:
+        """Return (epoch, position) where a pass started now begins (a running pass would be abandoned)."""
+        active = self._live_pass()
+        return (self._epoch, self._start) if active is None else (int(active.epoch) + 1, 0)  # type: ignore[arg-type]
+
+    def _next_pass_len(self) -> int:
+        epoch, start = self._next_pass_position()
+        return len(self._plan(start, epoch))
+
+    def _next_pass_batches(self) -> Iterator[list[int]]:
+        epoch, start = self._next_pass_position()
+        order, plan = self._order(epoch), self._plan(start, epoch)
+        for b in range(len(plan)):
+            yield order.at(plan.batch_positions(b)).tolist()
+
+    # ---- passes -------------------------------------------------------------------------------
+
+    def __iter__(self) -> EpochIterator:
+        """Return a pass over the next epoch; it fixes its epoch, split and position at its first ``next()``."""
+        return EpochIterator(PassHooks(self._begin_pass, self._end_pass, self._next_pass_len))
+
+    def _live_pass(self) -> EpochIterator | None:
+        active = self._active() if self._active is not None else None
+        return None if active is None or active.finished else active
+
+    def _abandon_active(self) -> None:
+        """Detach the running pass, if any; the next pass reads the epoch after it."""
+        active = self._live_pass()
+        self._active = None
+        if active is not None:
+            self._last_stats = active.raw_stats()
+            self._epoch, self._start = int(active.epoch) + 1, 0  # type: ignore[arg-type]
+
+    def _begin_pass(self, it: EpochIterator) -> tuple[int, EpochPlan, Iterator[Batch]]:
+        self._abandon_active()  # a second pass started while one runs supersedes it
+        epoch, plan = self._epoch, self._plan(self._start, self._epoch)
+        order = self._order(epoch)
+        if self.backend == "native":
+            inner: Iterator[Batch] = self._iter_native(order, plan, epoch)
+        else:
+            assert self._sampler is not None and self._dataloader is not None
+            self._sampler.configure(order, plan, epoch)
+            inner = iter(self._dataloader) if len(plan) else iter(())
+        if self.device is not None or self._transfer_ops is not None:
+            ops = self._transfer_ops
+            if ops is None:
+                assert self.device is not None
+                ops = CudaOps(self.device)
+            inner = DevicePrefetcher(inner, ops, self.max_copies_in_flight)
+        inner = self.augment.finish(inner, epoch, lambda b: int(plan.batch_positions(b)[0]), self.device)
+        self._active = weakref.ref(it)
+        return epoch, plan, inner
+
+    def _end_pass(self, it: EpochIterator, complete: bool) -> None:
+        """End a pass (its last batch delivered, or closed early): the next pass reads the next epoch."""
+        if self._active is not None and self._active() is it:
+            self._active = None
+            self._last_stats = it.raw_stats()
+            self._epoch, self._start = int(it.epoch) + 1, 0  # type: ignore[arg-type]
+
+    def _iter_native(self, order: EpochOrder | ArrayOrder, plan: EpochPlan, epoch: int) -> Iterator[Batch]:
+        if len(plan) == 0:
+            return iter(())
+        datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
+        grouped = isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout
+        if self._shards is None:
+            self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
+        batch_indices = BatchIndices(plan, native_position_map(order))
+        settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
+                                  self._sample_delay_us, self._host_allocator)
+        epoch_batches: Iterator[Batch]
+        if grouped:  # datasets that store records differently: a reader per group, parts copied together
+            assert isinstance(self.dataset, ConcatShardDataset)
+            epoch_batches = GroupedNativeEpoch(self.dataset, self._shards, len(plan), self.batch_size, batch_indices,
+                                               settings)  # transforms are refused at construction here
+        else:
+            epoch_batches = NativeEpoch(self._shards, datasets[0], len(plan), self.batch_size, batch_indices,
+                                        settings, self.augment, epoch)
+        if isinstance(self.dataset, ConcatShardDataset) and self.dataset.with_source:
+            epoch_batches = WithSource(epoch_batches, self.dataset, batch_indices)
+        return epoch_batches
+
+    # ---- resumable state ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the loader's position as small JSON-able data (no pickle of the loader).
+
+        During a pass it records the global position after the batches
+        delivered so far (once the last one is delivered: the next epoch, at
+        0); loading it into a new loader (any world size) continues from there.
+        """
+        active = self._live_pass()
+        if active is None:
+            epoch, position = self._epoch, self._start
+        else:
+            assert active.plan is not None and active.epoch is not None
+            epoch, position = active.epoch, active.plan.position_after(active.delivered)
+        return make_state(fingerprint=dataset_fingerprint(self.dataset), n=len(self.dataset), seed=self.seed,
+                          shuffle=self.shuffle, epoch=epoch, position=position, batch_size=self.batch_size,
+                          world_size=self.world_size, sampling=self._sampling.describe())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved state: the next pass resumes its epoch at its position.
+
+        ``len(loader)`` stays the length of a full epoch; ``remaining()`` is the
+        number of batches the resumed pass delivers.
+        """
+        epoch, start = check_state(state, fingerprint=dataset_fingerprint(self.dataset), n=len(self.dataset),
+                                   seed=self.seed, shuffle=self.shuffle, sampling=self._sampling.describe(),
+                                   epoch_length=lambda e: self._order(e).n)
+        self._active = None
+        self._epoch, self._start = epoch, start
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle as configuration plus position: no native handle, thread or weak reference."""
+        state = self.state_dict()
+        return {"dataset": self.dataset, "kwargs": dict(self._init_kwargs), "epoch": state["epoch"],
+                "position": state["position"], "sample_delay_us": self._sample_delay_us}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Rebuild from configuration and position; shards are opened by the first pass in this process."""
+        self.__init__(state["dataset"], **state["kwargs"])  # type: ignore[misc]
+        self._epoch, self._start = state["epoch"], state["position"]
+        self._sample_delay_us = state["sample_delay_us"]
+
+    # ---- observability ------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Return counters of the current (or last) pass and the stage that limits throughput.
+
+        Keys: batches, samples, wait_s (time the consumer waited for data),
+        wall_s, wait_share, and for the native backend bytes_read,
+        bytes_decoded, read_s, decompress_s, copy_s (summed over threads),
+        ready_batches; with ``device=`` also h2d_s (device time of the
+        host-to-device copies), h2d_bytes and copy_wait_s (time the consumer
+        blocked on a copy); plus ``bottleneck``: "consumer" when the loop
+        rarely waits, "h2d" when most of the waiting was on copies, else the
+        slowest loader stage.
+        """
+        active = self._live_pass()
+        raw = active.raw_stats() if active is not None else dict(self._last_stats)
+        return summarize_stats(raw, self.backend)
+
+    def reset_stats(self) -> None:
+        """Start the counters of the current pass from zero."""
+        active = self._live_pass()
+        if active is not None:
+            active.reset_stats()
+        self._last_stats = {}
+
+    def __repr__(self) -> str:
+        topology = "from torch.distributed" if not self._topology.explicit else (
+            f"rank={self._topology.rank}, world_size={self._topology.world_size}")
+        what = repr(str(self.dataset.path)) if isinstance(self.dataset, ShardDataset) else repr(self.dataset)
+        return (f"ShardLoader({what}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+                f"seed={self.seed}, backend={self.backend!r}, num_threads={self.num_threads}, {topology})")
+
+
+def native_position_map(order: EpochOrder | ArrayOrder) -> Callable[[np.ndarray], np.ndarray]:
+    """Return the map from epoch positions to sample indices that the native backend reads with."""
+    if isinstance(order, EpochOrder) and order.shuffle:
+        from .. import _native
+
+        seed, epoch, n = order.seed, order.epoch, order.n
+        return lambda positions: _native.permutation_at(seed, epoch, n, positions)
+    if isinstance(order, EpochOrder):
+        return lambda positions: positions
+    indices = order.indices()
+    return lambda positions: indices[positions.astype(np.int64)]

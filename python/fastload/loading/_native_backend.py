@@ -1,0 +1,259 @@
+"""The native backend: one epoch of batches from the C++ worker pool, as torch tensors.
+
+Python decides which samples make each batch (policy); ``fastload._native``
+reads, decodes and copies them into batch buffers (bytes). Plain CPU buffers
+are pooled: one goes back to the pool when the last tensor viewing it is
+dropped. Pinned buffers are not: each batch gets a fresh buffer from torch's
+caching host allocator (``_pinned.py``), which alone decides when that memory
+may be written again, after every copy queued from it has completed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import FastloadError
+from ..format._record import max_sample_bytes, schema_fingerprint
+from ._augment import Augment
+from ._dataset import ShardDataset
+from ._pinned import FieldViews, HostAllocator, allocate_pinned, split_layout
+
+_native: Any
+try:
+    from .. import _native
+except ImportError as _err:  # the torch backend still works
+    _native = None
+    NATIVE_IMPORT_ERROR: ImportError | None = _err
+else:
+    NATIVE_IMPORT_ERROR = None
+
+
+@dataclass(frozen=True)
+class NativeSettings:
+    """How the native backend reads: threads, batches in flight, pinned buffers."""
+
+    num_threads: int
+    prefetch: int
+    pin_memory: bool
+    verify_checksums: bool = True
+    sample_delay_us: int = 0  # testing only
+    host_allocator: HostAllocator | None = None  # testing only: replaces torch's pinned allocator
+
+    def allocator(self) -> HostAllocator | None:
+        """Return the allocator of single-use batch buffers, or None for pooled numpy buffers."""
+        if self.host_allocator is not None:
+            return self.host_allocator
+        return allocate_pinned if self.pin_memory else None
+
+
+# Open shard sets of this process, shared by every loader over the same unchanged files, so each shard
+# is mapped and validated once per process (while some loader uses it).
+_open_sets: weakref.WeakValueDictionary[tuple, Any] = weakref.WeakValueDictionary()
+_open_lock = threading.Lock()
+
+
+def _identity(path: str, count: int) -> tuple:
+    st = os.stat(path)
+    return (os.path.realpath(path), count, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def open_shards(datasets: ShardDataset | Sequence[ShardDataset]) -> Any:
+    """Map and validate every shard of ``datasets`` in the native core, or reuse this process's open set.
+
+    Several datasets are laid end to end in one shard set: one global index space, as ``fastload.concat``.
+    """
+    if _native is None:
+        raise ImportError(f"fastload._native is not available: {NATIVE_IMPORT_ERROR}")
+    datasets = [datasets] if isinstance(datasets, ShardDataset) else list(datasets)
+    paths = [str(ds.path / s.file) for ds in datasets for s in ds.manifest.shards]
+    counts = [s.count for ds in datasets for s in ds.manifest.shards]
+    try:
+        key = tuple(_identity(p, c) for p, c in zip(paths, counts))
+    except OSError:  # let the native core name the problem
+        return _native.ShardSet(paths, counts)
+    with _open_lock:
+        shards = _open_sets.get(key)
+        if shards is None:
+            shards = _open_sets[key] = _native.ShardSet(paths, counts)
+        return shards
+
+
+class NativeEpoch:
+    """Iterates one epoch: submits up to ``prefetch`` batches ahead and yields them in order.
+
+    With a host allocator (pinned memory) the epoch holds at most ``prefetch``
+    buffers itself: those of batches submitted and not yet delivered.
+    ``close()`` (also on ``del``, ``break`` and errors) joins every worker thread.
+
+    Lifecycle guards: an epoch belongs to one consumer at a time (``next()``
+    while another thread is inside it raises FastloadError and leaves that
+    thread's epoch intact), and to the process that made it: in a child made by
+    ``os.fork()`` it raises FastloadError, and ``close()``/``del`` abandon the
+    native reader without joining threads that do not exist there.
+    """
+
+    def __init__(self, shards: Any, dataset: ShardDataset, num_batches: int, batch_size: int,
+                 batch_indices: Callable[[int], np.ndarray], settings: NativeSettings,
+                 augment: Augment | None = None, epoch: int = 0) -> None:
+        assert _native is not None
+        schema = dataset.manifest.fields
+        wanted = {f.name for f in dataset.fields}
+        # What the slots hold: each field after the transforms (bfloat16 held as uint16 and viewed).
+        if augment is None:
+            augment = Augment(dataset, None, "chw", None, None, 0)
+        specs = {name: (np_dtype, torch_dtype, shape) for name, np_dtype, torch_dtype, shape in
+                 augment.field_specs(dataset)}
+        steps, num_params = augment.native_steps(dataset)
+        self._augment: Augment = augment
+        self._epoch = epoch
+        self._bf16 = [name for name, (_np, dt, _s) in specs.items() if dt == torch.bfloat16]
+        self._names = [f.name for f in schema if f.name in wanted]
+        self._num_batches = num_batches
+        self._batch_indices = batch_indices
+        self._started = time.perf_counter()
+        self._final_stats: dict[str, Any] | None = None
+        self._settings = settings
+        self._next_submit = 0
+        self._delivered = 0
+        self._allocator = settings.allocator()
+        self._buffers: deque[list[torch.Tensor]] = deque()  # single-use buffers of submitted batches, in order
+        self._pid = os.getpid()
+        self._busy = threading.Lock()
+        self._reader: Any = None  # set first: __del__ runs even when the constructor below raises
+        self._reader = _native.BatchReader(
+            shards, [f.native_spec for f in schema],
+            [specs[f.name][0] if f.name in specs else f.np_dtype for f in schema],
+            [list(specs[f.name][2]) if f.name in specs else list(f.shape) for f in schema],
+            [f.name in wanted for f in schema], batch_size, settings.num_threads, settings.verify_checksums,
+            settings.sample_delay_us, steps, num_params, max_sample_bytes=max_sample_bytes(),
+            record_version=dataset.manifest.format_version, schema_fingerprint=schema_fingerprint(schema))
+        self._views: FieldViews | None = None
+        self._split = False
+        if self._allocator is not None:
+            decoded = [f for f in schema if f.name in wanted]
+            sizes = [b for f, b in zip(schema, self._reader.field_bytes) if f.name in wanted]
+            self._split = split_layout(sizes, self._reader.slot_bytes)
+            offsets = [0] * len(decoded) if self._split else self._reader.field_offsets
+            self._views = FieldViews(self._names, offsets, [specs[f.name][1] for f in decoded],
+                                     [specs[f.name][2] for f in decoded])
+            self._wanted = [f.name in wanted for f in schema]
+
+    def _submit_ahead(self) -> None:
+        reader = self._reader
+        while self._next_submit < self._num_batches and self._next_submit - self._delivered < self._settings.prefetch:
+            if self._allocator is not None:
+                self._buffers.append(self._new_buffers())
+            elif reader.free_slots == 0:
+                reader.add_slot(np.empty(reader.slot_bytes, dtype=np.uint8))
+            indices = self._batch_indices(self._next_submit)
+            params = self._augment.params(self._epoch, indices)
+            reader.submit(indices, params)
+            self._next_submit += 1
+
+    def _new_buffers(self) -> list[torch.Tensor]:
+        """Allocate one batch's single-use buffers and add them to the reader; one per decoded field if split."""
+        assert self._allocator is not None
+        reader = self._reader
+        if not self._split:
+            buffer = self._allocator(reader.slot_bytes)
+            reader.add_slot(buffer.numpy(), reusable=False)
+            return [buffer] * len(self._names)
+        per_field = [self._allocator(n) if w else None for n, w in zip(reader.field_bytes, self._wanted)]
+        reader.add_split_slot([b.numpy() if b is not None else None for b in per_field], reusable=False)
+        return [b for b in per_field if b is not None]
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return self
+
+    def _forked(self, getpid: Callable[[], int] = os.getpid) -> bool:  # bound now: __del__ may run at shutdown
+        return getpid() != self._pid
+
+    def _wall_s(self, clock: Callable[[], float] = time.perf_counter) -> float:  # bound now, as _forked
+        return clock() - self._started
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._forked():
+            raise FastloadError(f"this loader iterator was created in process {self._pid} and inherited through "
+                                "os.fork(); its threads do not exist here: iterate a new ShardLoader in the child")
+        if not self._busy.acquire(blocking=False):
+            raise FastloadError("this loader iterator is being consumed by another thread; give each thread its "
+                                "own iterator (or its own ShardLoader)")
+        try:
+            return self._next_batch()
+        finally:
+            self._busy.release()
+
+    def _next_batch(self) -> dict[str, torch.Tensor]:
+        if self._reader is None or self._delivered >= self._num_batches:
+            self.close()
+            raise StopIteration
+        try:
+            self._submit_ahead()
+            if self._views is not None:
+                count = self._reader.next_count()
+                batch = self._views(self._buffers.popleft(), count)
+            else:
+                batch = {name: torch.from_numpy(a) for name, a in zip(self._names, self._reader.next())}
+                for name in self._bf16:
+                    batch[name] = batch[name].view(torch.bfloat16)
+            self._delivered += 1
+            self._submit_ahead()
+        except BaseException:
+            self.close()
+            raise
+        return batch
+
+    @property
+    def pool_slots(self) -> int:
+        """Return how many batch buffers the pool has allocated so far."""
+        return 0 if self._reader is None else self._reader.total_slots
+
+    @property
+    def buffers_held(self) -> int:
+        """Return how many single-use (pinned) buffers this epoch holds for batches not yet delivered."""
+        return len(self._buffers)
+
+    def stats(self) -> dict[str, Any]:
+        """Return the native reader's counters, plus wall time and batches ready, for this epoch."""
+        if self._reader is None or self._forked():
+            return dict(self._final_stats or {})
+        stats = self._reader.stats()
+        stats["wall_s"] = self._wall_s()
+        stats["ready_batches"] = self._reader.ready
+        stats["num_threads"] = self._reader.num_threads
+        return stats
+
+    def reset_stats(self) -> None:
+        """Zero the native reader's counters."""
+        if self._reader is not None:
+            self._reader.reset_stats()
+
+    def close(self) -> None:
+        """Stop and join the worker threads; idempotent. The epoch's stats stay readable."""
+        if self._forked():  # the native reader abandons itself: nothing to join in this process
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                reader.close()
+            return
+        try:
+            if self._reader is not None:
+                self._final_stats = self.stats()
+                self._final_stats["ready_batches"] = 0
+        finally:  # the threads are joined even if the counters cannot be read
+            reader, self._reader = self._reader, None
+            if reader is not None:
+                reader.close()
+            self._buffers.clear()
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,87 @@
+"""How a ``ShardLoader`` picks its sampling policy from its arguments, and the ``source`` field of native batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..sampling._sampling import Sampling, SubsetSampling, WeightedSampling
+from ._compose import SOURCE_FIELD, ConcatShardDataset, MixedShardDataset, check_indices
+from ._dataset import ShardDataset
+
+
+def make_sampling(dataset: ShardDataset | ConcatShardDataset, shuffle: bool, indices: Any, sample_weights: Any,
+                  num_samples: int | None, replacement: bool) -> Sampling:
+    """Return the policy of ``indices=`` / ``sample_weights=`` / a mixture (else plain); refuse mixed-up arguments."""
+    n = len(dataset)
+    if sample_weights is None and (num_samples is not None or replacement is not True):
+        raise ValueError("num_samples= and replacement= go with sample_weights=")
+    chosen = [name for name, value in (("indices", indices), ("sample_weights", sample_weights)) if value is not None]
+    if isinstance(dataset, MixedShardDataset):
+        chosen.insert(0, "a mixture")
+    if len(chosen) > 1:
+        raise ValueError(f"choose one way of sampling: {' and '.join(chosen)} were given")
+    if isinstance(dataset, MixedShardDataset):
+        return dataset.sampling
+    if indices is not None:
+        return SubsetSampling(check_indices(indices, n))
+    if sample_weights is not None:
+        if shuffle:
+            raise ValueError("sample_weights= draws its own random order; leave shuffle=False "
+                             "(as DataLoader refuses shuffle=True with a sampler)")
+        if isinstance(sample_weights, torch.Tensor):
+            sample_weights = sample_weights.detach().cpu().numpy()
+        weights = np.asarray(sample_weights, dtype=np.float64)
+        if weights.ndim != 1 or len(weights) != n:
+            raise ValueError(f"sample_weights must hold one weight per sample ({n}), got shape {weights.shape}")
+        if num_samples is None:
+            num_samples = n
+        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 0:
+            raise ValueError(f"num_samples must be a non-negative integer, not {num_samples!r}")
+        if not isinstance(replacement, bool):
+            raise ValueError(f"replacement must be True or False, not {replacement!r}")
+        return WeightedSampling(np.ascontiguousarray(weights), int(num_samples), replacement)
+    return Sampling()
+
+
+def dataset_fingerprint(dataset: ShardDataset | ConcatShardDataset) -> str:
+    """Return the fingerprint a saved state records for the loader's dataset."""
+    if isinstance(dataset, ConcatShardDataset):
+        return dataset.fingerprint
+    return dataset.manifest.fingerprint
+
+
+class WithSource:
+    """Native batches plus ``source`` (int64, each sample's dataset number), computed from their indices.
+
+    ``close()`` and ``stats()`` reach the wrapped epoch.
+    """
+
+    def __init__(self, batches: Any, dataset: ConcatShardDataset, batch_indices: Callable[[int], np.ndarray]) -> None:
+        self._batches, self._dataset, self._batch_indices = batches, dataset, batch_indices
+        self._next = 0
+
+    @property
+    def _reader(self) -> Any:
+        return getattr(self._batches, "_reader", None)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        batch = next(self._batches)
+        indices = np.asarray(self._batch_indices(self._next), dtype=np.uint64)
+        self._next += 1
+        batch[SOURCE_FIELD] = torch.from_numpy(self._dataset.source_of(indices))
+        return batch
+
+    def stats(self) -> dict[str, Any]:
+        """Return the wrapped epoch's counters."""
+        return dict(self._batches.stats())
+
+    def close(self) -> None:
+        """Close the wrapped epoch (joins its threads)."""
+        self._batches.close()

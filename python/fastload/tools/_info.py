@@ -1,0 +1,72 @@
+"""Describing a dataset (``fastload info DIR``) and this installation (``fastload info``)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+from ..format._codecs import CODECS
+from ..format._manifest import load_manifest
+from ..format._splits import read_splits
+
+
+def describe_dataset(directory: str | os.PathLike) -> str:
+    """Return a human-readable summary of a dataset, or of every split of a root with ``splits.json``."""
+    splits = read_splits(directory)
+    if splits is None:
+        return _describe_one(Path(directory))
+    lines = [f"dataset root {directory}: splits {', '.join(splits)}"]
+    for name, entry in splits.items():
+        line = f"  {name}: {entry.get('samples')} samples from {entry.get('sources')} source images"
+        if entry.get("class_counts"):
+            line += "; per class: " + ", ".join(f"{c} {n}" for c, n in entry["class_counts"].items())
+        lines.append(line)
+    for name, entry in splits.items():
+        lines.append(f"[{name}] " + _describe_one(Path(directory) / str(entry["path"])))
+    return "\n".join(lines)
+
+
+def _describe_one(directory: Path) -> str:
+    m = load_manifest(directory)
+    shard_bytes = sum(s.bytes for s in m.shards)
+    decoded = m.total * sum(f.nbytes for f in m.fields)
+    lines = [f"dataset {directory}", f"  format version {m.format_version}, fingerprint {m.fingerprint}",
+             f"  {m.total} samples in {len(m.shards)} shards, {shard_bytes / 1e6:.2f} MB on disk, "
+             f"{decoded / 1e6:.2f} MB decoded" + (f" (ratio {decoded / shard_bytes:.2f}x)" if shard_bytes else ""),
+             "  fields:"]
+    for f in m.fields:
+        opts = "".join(f" {k}={v}" for k, v in f.codec_options.items())
+        lines.append(f"    {f.name}: {f.dtype} {list(f.shape)} codec {f.codec}{opts}")
+    if m.extra.get("classes"):
+        lines.append(f"  classes: {', '.join(m.extra['classes'])}")
+    if m.extra.get("no_tiles"):
+        lines.append(f"  source files smaller than the tile (no tiles): {len(m.extra['no_tiles'])}")
+    if m.extra.get("skipped"):
+        lines.append(f"  skipped source files: {len(m.extra['skipped'])}")
+    if m.provenance:
+        lines.append(f"  created {m.provenance.get('created')} by {m.provenance.get('tool')} "
+                     f"from {m.provenance.get('source_root')}")
+    return "\n".join(lines)
+
+
+def describe_installation() -> str:
+    """Return platform, CPU count, native extension, codecs and library versions."""
+    import numpy
+    import torch
+
+    try:
+        from .. import _native  # noqa: F401
+
+        native = f"built (codecs: {', '.join(CODECS)}; checksum XXH3-64)"
+    except ImportError as err:
+        native = f"not available ({err})"
+    cpus = os.cpu_count() or 1
+    cuda = torch.cuda.is_available()
+    lines = [f"platform: {platform.platform()} ({platform.machine()}), python {platform.python_version()}",
+             f"cpus: {cpus}", f"native extension: {native}",
+             f"cuda: {'available, ' + torch.cuda.get_device_name(0) if cuda else 'not available'}",
+             f"torch {torch.__version__}, numpy {numpy.__version__}",
+             f"recommended: num_threads={min(cpus, 8)} for ShardLoader; "
+             f"num_workers={0 if platform.system() == 'Windows' else min(cpus, 8)} for DataLoader"]
+    return "\n".join(lines)

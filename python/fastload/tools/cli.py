@@ -1,0 +1,83 @@
+"""The ``fastload`` command: ``fastload verify DIR``, ``fastload info [DIR]``, ``fastload bench DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import FastloadError
+from ..format._splits import split_dirs
+from ..format._verify import VerifyReport, verify_dataset
+from ._info import describe_dataset, describe_installation
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``fastload`` command; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="fastload", description="Inspect and check fastload shard datasets.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    verify = sub.add_parser("verify", help="check the manifest, shard hashes and every record's checksum")
+    verify.add_argument("directory", help="a dataset, or a root with splits.json (every split is checked)")
+    verify.add_argument("--jobs", type=int, default=1, help="shards checked in parallel (threads)")
+    verify.add_argument("--no-progress", action="store_true", help="no progress bar")
+    verify.add_argument("--allow-external-shards", action="store_true",
+                        help="read shards whose real path (a symbolic link) leaves the dataset directory")
+    info = sub.add_parser("info", help="describe a dataset, or this installation when no directory is given")
+    info.add_argument("directory", nargs="?")
+    bench = sub.add_parser("bench", help="sweep thread counts over a dataset and recommend one")
+    bench.add_argument("directory")
+    bench.add_argument("--batch-size", type=int, default=256)
+    bench.add_argument("--max-batches", type=int, help="stop each pass after this many batches")
+    bench.add_argument("--threads", type=int, nargs="+", help="thread counts to try (default: 1 to the CPU count)")
+    args = parser.parse_args(argv)
+
+    if args.command == "bench":
+        from ._bench import format_sweep, sweep  # imports torch, which verify and info do not need
+
+        try:
+            rows = sweep(args.directory, args.batch_size, args.max_batches, args.threads)
+        except (FastloadError, ValueError) as err:
+            print(f"fastload: error: {err}", file=sys.stderr)
+            return 1
+        print(format_sweep(rows))
+        return 0
+
+    if args.command == "verify":
+        return _verify(args.directory, args.jobs, not args.no_progress, args.allow_external_shards)
+    try:
+        print(describe_dataset(args.directory) if args.directory else describe_installation())
+    except FastloadError as err:
+        print(f"fastload: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bool = False) -> int:
+    """Verify a dataset or every split of a root: one line per problem, then a summary; return the exit status."""
+    if jobs < 1:
+        print(f"fastload: error: --jobs must be at least 1, not {jobs}", file=sys.stderr)
+        return 2
+    try:
+        splits = split_dirs(directory)
+    except FastloadError as err:
+        print(err)
+        return 1
+    targets = {directory: Path(directory)} if splits is None else {f"{directory} [{n}]": d for n, d in splits.items()}
+    total = VerifyReport()
+    for name, path in targets.items():
+        try:
+            report = verify_dataset(path, jobs, progress, on_problem=print, allow_external_shards=allow_external_shards)
+        except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
+            print(f"{path}: verify stopped: {type(err).__name__}: {err}")
+            report = VerifyReport(problems=[str(err)])
+        if len(targets) > 1:
+            print(report.summary(name))
+        for attr in ("shards", "records", "bytes", "seconds"):
+            setattr(total, attr, getattr(total, attr) + getattr(report, attr))
+        total.problems += report.problems
+    print(total.summary(directory))
+    return 0 if total.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
