@@ -1,7 +1,12 @@
 """fastload: a fast, deterministic data loader for PyTorch over LMDB tile shards.
 
-The public names are re-exported here; the implementation lives in private
-modules. Names that need torch are imported on first use (PEP 562), so
+Public: the names in ``fastload.__all__`` (re-exported here), :mod:`fastload.errors`,
+:mod:`fastload.transforms`, :mod:`fastload.sampling`, and the command modules
+:mod:`fastload.preprocess` (``preprocess_tiles``), :mod:`fastload.cli` (``fastload``) and
+:mod:`fastload.demo`. Everything else is private, grouped by stage (docs/ARCHITECTURE.md):
+``format`` (the files and reading them back), ``conversion`` (into the format),
+``loading`` (out of it, as batches), ``tools`` (the commands); underscored modules there
+may change without notice. Names that need torch are imported on first use (PEP 562), so
 ``preprocess_tiles`` and ``fastload verify`` start without importing torch.
 """
 
@@ -10,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _moved
 from .errors import (
     CorruptRecordError,
     CorruptShardError,
@@ -20,6 +26,8 @@ from .errors import (
 )
 
 __version__ = "0.1.0"
+
+_moved.install()  # the module paths before issue 12's grouping, for old pickles
 
 # Public name -> the private module that defines it.
 _LAZY = {

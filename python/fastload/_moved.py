@@ -1,0 +1,111 @@
+"""Old module paths of the modules issue 12 grouped into stage packages, kept as aliases.
+
+A pickle names a class by its module: a loader pickled before the move says
+``fastload._loader.ShardLoader``. Importing an old path (``import fastload._loader``,
+``pickle.load``) gives a small alias module whose attributes are the new module's, so
+pickles written by older versions load and old private imports keep working. New code
+imports the new paths; the tests import nothing through these aliases except the
+legacy pickles (tests/test_legacy_pickles.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from typing import Any
+
+# fastload.<old> -> fastload.<new>
+MOVED = {
+    "_alias": "sampling._alias",
+    "_array_writer": "conversion._array_writer",
+    "_augment": "loading._augment",
+    "_bench": "tools._bench",
+    "_cli_options": "conversion._cli_options",
+    "_compose": "loading._compose",
+    "_convert": "conversion._convert",
+    "_datamodule": "loading._datamodule",
+    "_dataset": "loading._dataset",
+    "_dataset_writer": "conversion._dataset_writer",
+    "_device": "loading._device",
+    "_distributed": "loading._distributed",
+    "_dtypes": "format._dtypes",
+    "_encode": "conversion._encode",
+    "_epoch": "loading._epoch",
+    "_exactlog": "sampling._exactlog",
+    "_format": "format._record",
+    "_hdf5": "conversion._hdf5",
+    "_helpers": "loading._helpers",
+    "_images": "conversion._images",
+    "_info": "tools._info",
+    "_label_csv": "conversion._label_csv",
+    "_lmdb_check": "format._lmdb_check",
+    "_lmdb_envs": "format._lmdb_envs",
+    "_loader": "loading._loader",
+    "_manifest": "format._manifest",
+    "_manifest_check": "format._manifest_check",
+    "_native_backend": "loading._native_backend",
+    "_native_groups": "loading._native_groups",
+    "_order": "sampling._order",
+    "_parallel": "conversion._parallel",
+    "_pinned": "loading._pinned",
+    "_plan": "loading._plan",
+    "_preprocess_h5": "conversion._preprocess_h5",
+    "_preprocess_plan": "conversion._preprocess_plan",
+    "_run_record": "conversion._run_record",
+    "_sampler": "loading._sampler",
+    "_samples": "conversion._samples",
+    "_sampling": "sampling._sampling",
+    "_sampling_setup": "loading._sampling_setup",
+    "_shard_files": "format._shard_files",
+    "_shard_writer": "conversion._shard_writer",
+    "_sources": "conversion._sources",
+    "_splits": "format._splits",
+    "_state": "loading._state",
+    "_tiling": "conversion._tiling",
+    "_torch_backend": "loading._torch_backend",
+    "_verify": "format._verify",
+}
+
+
+class _Alias(types.ModuleType):
+    """``fastload.<old>``: every attribute is looked up in the module it moved to."""
+
+    def __init__(self, name: str, target: str) -> None:
+        super().__init__(name, f"Alias of {target} (moved by issue 12).")
+        self._fastload_target = target
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._fastload_target), attr)
+
+    def __dir__(self) -> list[str]:
+        return dir(importlib.import_module(self._fastload_target))
+
+
+class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``fastload.<old>`` for every old path in :data:`MOVED` (and nothing else)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        """Return a spec for an old module path, None for any other name."""
+        prefix, _, old = fullname.partition(".")
+        if prefix != "fastload" or old not in MOVED:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        """Return the alias module of ``spec.name``."""
+        return _Alias(spec.name, "fastload." + MOVED[spec.name.partition(".")[2]])
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Import the new module now, so a broken target fails at the import, not at first use."""
+        importlib.import_module(module._fastload_target)  # type: ignore[attr-defined]
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path`` once (after the path finders: real modules come first)."""
+    if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
+        sys.meta_path.append(_MovedFinder())
