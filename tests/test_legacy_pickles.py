@@ -87,3 +87,32 @@ def test_a_dataset_a_field_and_an_order(legacy):
     order = legacy["order"]
     assert isinstance(order, fastload.EpochOrder)
     assert list(order.positions(0, 40)) == list(fastload.EpochOrder(3, 1, 40).positions(0, 40))
+
+
+def test_every_old_module_path_is_an_alias_of_its_new_module():
+    import importlib
+    import sys
+
+    from fastload._moved import MOVED
+
+    assert "_loader" in MOVED and "_format" in MOVED
+    for old, new in MOVED.items():
+        alias = importlib.import_module(f"fastload.{old}")
+        target = importlib.import_module(f"fastload.{new}")
+        assert alias is target and sys.modules[f"fastload.{old}"] is target
+        assert target.__name__ == f"fastload.{new}" and target.__spec__.name == f"fastload.{new}"
+
+
+def test_a_monkeypatch_through_an_old_path_reaches_the_new_module(monkeypatch):
+    import fastload._manifest as old  # the old path
+    from fastload.format import _manifest
+
+    monkeypatch.setattr(old, "MANIFEST_NAME", "other.json")
+    assert _manifest.MANIFEST_NAME == "other.json"
+    monkeypatch.undo()
+    assert _manifest.MANIFEST_NAME == "manifest.json"
+
+
+def test_an_unknown_private_path_is_still_an_import_error():
+    with pytest.raises(ModuleNotFoundError):
+        import fastload._no_such_module  # noqa: F401

@@ -2,8 +2,8 @@
 
 A pickle names a class by its module: a loader pickled before the move says
 ``fastload._loader.ShardLoader``. Importing an old path (``import fastload._loader``,
-``pickle.load``) gives a small alias module whose attributes are the new module's, so
-pickles written by older versions load and old private imports keep working. New code
+``pickle.load``) gives the module at its new path, so pickles written by older versions
+load and old private imports keep working. New code
 imports the new paths; the tests import nothing through these aliases except the
 legacy pickles (tests/test_legacy_pickles.py).
 """
@@ -70,24 +70,12 @@ MOVED = {
 }
 
 
-class _Alias(types.ModuleType):
-    """``fastload.<old>``: every attribute is looked up in the module it moved to."""
-
-    def __init__(self, name: str, target: str) -> None:
-        super().__init__(name, f"Alias of {target} (moved by issue 12).")
-        self._fastload_target = target
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return getattr(importlib.import_module(self._fastload_target), attr)
-
-    def __dir__(self) -> list[str]:
-        return dir(importlib.import_module(self._fastload_target))
-
-
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``fastload.<old>`` for every old path in :data:`MOVED` (and nothing else)."""
+    """Finds ``fastload.<old>`` for every old path in :data:`MOVED` (and nothing else).
+
+    The old name is bound to the new module object itself (as ``os.path`` is ``posixpath``), so
+    classes, functions and monkeypatches are the same whichever name is used.
+    """
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         """Return a spec for an old module path, None for any other name."""
@@ -97,12 +85,16 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        """Return the alias module of ``spec.name``."""
-        return _Alias(spec.name, "fastload." + MOVED[spec.name.partition(".")[2]])
+        """Return the new module (imported now), remembering its own spec."""
+        module = importlib.import_module("fastload." + MOVED[spec.name.partition(".")[2]])
+        spec.loader_state = module.__spec__
+        return module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        """Import the new module now, so a broken target fails at the import, not at first use."""
-        importlib.import_module(module._fastload_target)  # type: ignore[attr-defined]
+        """Give the module back its own ``__spec__``, which the import system set to the old name's."""
+        spec = module.__spec__
+        if spec is not None and spec.loader is self:
+            module.__spec__ = spec.loader_state
 
 
 def install() -> None:
