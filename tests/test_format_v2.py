@@ -9,10 +9,11 @@ import pytest
 from conftest import run_cli
 
 import fastload
-from fastload.conversion._shard_writer import record_key, write_shard
+from fastload.conversion._shard_writer import write_shard
 from fastload.errors import CorruptRecordError
 from fastload.format._manifest import MANIFEST_NAME, Manifest, file_hash, write_json_atomic
 from fastload.format._record import Field, RecordEncoder, bind_key
+from fastload.format._shard_files import record_key
 
 LOADERS = {
     "dataset": lambda p: [fastload.ShardDataset(p)[i] for i in range(len(fastload.ShardDataset(p)))],

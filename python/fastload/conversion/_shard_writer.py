@@ -17,13 +17,9 @@ import lmdb
 from ..format._manifest import ShardInfo, file_hash, fsync_dir
 from ..format._manifest_check import shard_name
 from ..format._record import bind_key
+from ..format._shard_files import record_key
 
 PAGE = 4096
-
-
-def record_key(index: int) -> bytes:
-    """Return the LMDB key of the record at ``index`` within its shard: 8 bytes big-endian."""
-    return index.to_bytes(8, "big")
 
 
 def _map_size(records: Sequence[bytes]) -> int:

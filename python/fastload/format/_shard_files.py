@@ -1,6 +1,7 @@
-"""Checks on shard files before anything opens them: inside the dataset, regular, non-empty, the right size.
+"""Shard files: the key of each record, and the checks before anything opens a shard.
 
-Only ``stat`` is used here, never ``open``, so a FIFO in place of a shard cannot block.
+The checks (inside the dataset, regular, non-empty, the right size) use only ``stat``, never
+``open``, so a FIFO in place of a shard cannot block.
 """
 
 from __future__ import annotations
@@ -11,6 +12,11 @@ from pathlib import Path
 
 from ..errors import CorruptShardError, ShardNotFoundError
 from ._manifest import Manifest, ShardInfo
+
+
+def record_key(index: int) -> bytes:
+    """Return the LMDB key of the record at ``index`` within its shard: 8 bytes big-endian."""
+    return index.to_bytes(8, "big")
 
 
 def check_shard_file(directory: Path, shard: ShardInfo, allow_external_shards: bool = False,

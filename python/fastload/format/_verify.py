@@ -18,12 +18,11 @@ import lmdb
 import xxhash
 from tqdm import tqdm
 
-from ..conversion._shard_writer import record_key
 from ..errors import CorruptShardError, DatasetError, FastloadError, ShardNotFoundError
 from . import _lmdb_envs
 from ._manifest import HASH_ALGORITHM, ShardInfo, load_manifest
 from ._record import RECORD_VERSION, Field, RecordDecodeError, decode_record, schema_fingerprint
-from ._shard_files import check_shard_file
+from ._shard_files import check_shard_file, record_key
 
 _CHUNK = 1 << 22
 

@@ -17,7 +17,6 @@ import lmdb
 import numpy as np
 import torch
 
-from ..conversion._shard_writer import record_key
 from ..errors import CorruptRecordError, DatasetError
 from ..format import _lmdb_envs
 from ..format._manifest import Manifest, load_manifest
@@ -29,7 +28,7 @@ from ..format._record import (
     record_layout,
     schema_fingerprint,
 )
-from ..format._shard_files import check_shard_files
+from ..format._shard_files import check_shard_files, record_key
 from ..format._splits import resolve_dataset_path
 
 
