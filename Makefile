@@ -116,9 +116,12 @@ fuzz: fuzz-build
 fuzz-ci:
 	$(MAKE) fuzz FUZZ_SECONDS=60
 
+# lint-imports checks the source tree (PYTHONPATH), not the installed copy, against the
+# layer contract in pyproject.toml ([tool.importlinter]).
 lint: install
 	$(PY) -m ruff check python tests benchmarks
 	$(PY) -m mypy python/fastload
+	PYTHONPATH=python $(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf build demo-output $(VENV)
