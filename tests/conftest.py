@@ -62,3 +62,16 @@ def run_cli(*args: str, check: bool = False, env: dict | None = None) -> subproc
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture
+def slow_reads(monkeypatch):
+    """Call ``slow_reads(delay_us)``: native readers made afterwards in this test sleep before every record read."""
+    from seams import slow_reader_class
+
+    from fastload import _native
+
+    def install(delay_us: int) -> None:
+        monkeypatch.setattr(_native, "BatchReader", slow_reader_class(delay_us))
+
+    return install

@@ -20,10 +20,9 @@ def baseline_threads(small_dataset):
     return thread_count()
 
 
-def slow_loader(path, delay_us=2000, **kw):
-    loader = ShardLoader(path, batch_size=4, num_threads=2, **kw)
-    loader._sample_delay_us = delay_us
-    return loader
+def slow_loader(path, slow_reads, delay_us=2000, **kw):
+    slow_reads(delay_us)  # the test seam (tests/seams.py): every native reader made from here on is slow
+    return ShardLoader(path, batch_size=4, num_threads=2, **kw)
 
 
 def test_threads_run_while_iterating_and_stop_at_the_end(small_dataset, baseline_threads):
@@ -36,32 +35,32 @@ def test_threads_run_while_iterating_and_stop_at_the_end(small_dataset, baseline
     assert thread_count() == baseline_threads
 
 
-def test_break_joins_threads(small_dataset, baseline_threads):
-    for i, _ in enumerate(slow_loader(small_dataset)):
+def test_break_joins_threads(small_dataset, baseline_threads, slow_reads):
+    for i, _ in enumerate(slow_loader(small_dataset, slow_reads)):
         if i == 1:
             break
     assert thread_count() == baseline_threads
 
 
-def test_del_joins_threads(small_dataset, baseline_threads):
-    it = iter(slow_loader(small_dataset))
+def test_del_joins_threads(small_dataset, baseline_threads, slow_reads):
+    it = iter(slow_loader(small_dataset, slow_reads))
     next(it)
     assert thread_count() > baseline_threads
     del it
     assert thread_count() == baseline_threads
 
 
-def test_exception_in_the_loop_joins_threads(small_dataset, baseline_threads):
+def test_exception_in_the_loop_joins_threads(small_dataset, baseline_threads, slow_reads):
     try:
-        for _ in slow_loader(small_dataset):
+        for _ in slow_loader(small_dataset, slow_reads):
             raise RuntimeError("user error")
     except RuntimeError:
         pass
     assert thread_count() == baseline_threads
 
 
-def test_ctrl_c_while_waiting_interrupts_promptly(small_dataset, baseline_threads):
-    loader = slow_loader(small_dataset, delay_us=200_000)  # 0.8 s per batch of 4 on 2 threads
+def test_ctrl_c_while_waiting_interrupts_promptly(small_dataset, baseline_threads, slow_reads):
+    loader = slow_loader(small_dataset, slow_reads, delay_us=200_000)  # 0.8 s per batch of 4 on 2 threads
     timer = threading.Timer(0.2, _thread.interrupt_main)
     start = time.monotonic()
     timer.start()
@@ -137,7 +136,7 @@ def test_batches_outlive_their_loader(small_dataset):
     assert (batch["label"] == expected).all()
 
 
-def test_gil_is_released_while_loading(small_dataset):
+def test_gil_is_released_while_loading(small_dataset, slow_reads):
     counter = [0]
     stop = threading.Event()
 
@@ -145,7 +144,7 @@ def test_gil_is_released_while_loading(small_dataset):
         while not stop.is_set():
             counter[0] += 1
 
-    loader = slow_loader(small_dataset, delay_us=5000)
+    loader = slow_loader(small_dataset, slow_reads, delay_us=5000)
     thread = threading.Thread(target=count)
     thread.start()
     try:

@@ -7,6 +7,7 @@ against were crashes (SIGSEGV, "terminate called ..."), aborts and hangs.
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork and POSIX 
 
 def run_script(body: str, dataset, timeout: float = 120) -> subprocess.CompletedProcess:
     code = "import os, sys, threading, time\nimport fastload\nfrom fastload.errors import FastloadError\n"
+    code += f"sys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom seams import install_slow_reads\n"
     code += f"PATH = {str(dataset)!r}\n" + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
 
@@ -26,8 +28,8 @@ def assert_clean(proc: subprocess.CompletedProcess) -> None:
 
 def test_one_iterator_from_two_threads_is_a_typed_error_and_loses_nothing(small_dataset):
     proc = run_script("""
+        install_slow_reads(3000)
         loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2)
-        loader._sample_delay_us = 3000
         it = iter(loader)
         got, errors = [], []
         def consume():
@@ -61,8 +63,9 @@ def test_the_native_reader_itself_refuses_a_second_consumer(small_dataset):
         fields = ds.manifest.fields
         reader = _native.BatchReader(open_shards(ds), [f.native_spec for f in fields], [f.np_dtype for f in fields],
                                      [list(f.shape) for f in fields], [True] * len(fields), 4, 2,
-                                     sample_delay_us=200000, record_version=2,
+                                     record_version=2,
                                      schema_fingerprint=fastload.format._record.schema_fingerprint(fields))
+        _native._testing.set_read_delay(reader, 200000)
         reader.add_slot(np.empty(reader.slot_bytes, np.uint8))
         reader.submit(np.arange(4, dtype=np.uint64))
         first = threading.Thread(target=reader.next)
@@ -86,8 +89,8 @@ def test_the_native_reader_itself_refuses_a_second_consumer(small_dataset):
 @pytest.mark.parametrize("run", range(3))
 def test_interpreter_exit_while_a_daemon_thread_waits_in_next(small_dataset, run):
     proc = run_script("""
+        install_slow_reads(100000)
         loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2)
-        loader._sample_delay_us = 100000
         it = iter(loader)
         threading.Thread(target=lambda: list(it), daemon=True).start()
         time.sleep(0.3)
@@ -122,8 +125,8 @@ def test_interpreter_exit_with_a_live_iterator_in_a_global(small_dataset, taken,
 @pytest.mark.parametrize("ending", ["exit", "close", "del", "os._exit"])
 def test_fork_with_a_live_iterator(small_dataset, ending):
     proc = run_script(f"""
+        install_slow_reads(2000)
         loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2)
-        loader._sample_delay_us = 2000
         it = iter(loader)
         first = next(it)["label"].tolist()
         pid = os.fork()

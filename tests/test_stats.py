@@ -29,9 +29,9 @@ def test_stats_count_what_was_delivered(zstd_tiles):
     assert loader.stats()["bottleneck"] is None
 
 
-def test_a_slow_read_stage_is_named_the_bottleneck(zstd_tiles):
+def test_a_slow_read_stage_is_named_the_bottleneck(zstd_tiles, slow_reads):
+    slow_reads(3000)
     loader = ShardLoader(zstd_tiles, batch_size=8, num_threads=2)
-    loader._sample_delay_us = 3000
     list(loader)
     s = loader.stats()
     assert s["bottleneck"] == "read" and s["wait_share"] > 0.5 and s["read_s"] > 0.15

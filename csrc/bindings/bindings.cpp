@@ -180,7 +180,7 @@ class PyBatchReader {
  public:
   PyBatchReader(std::shared_ptr<const ShardSet> shards, const std::vector<FieldTuple>& fields,
                 std::vector<py::dtype> dtypes, std::vector<std::vector<py::ssize_t>> shapes, std::vector<bool> decode,
-                size_t batch_capacity, size_t num_threads, bool verify, uint32_t sample_delay_us,
+                size_t batch_capacity, size_t num_threads, bool verify,
                 const std::vector<StepTuple>& steps, size_t num_params, uint64_t max_sample_bytes,
                 uint16_t record_version, uint64_t schema_fingerprint)
       : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)), num_params_(num_params) {
@@ -190,7 +190,7 @@ class PyBatchReader {
     if (batch_capacity == 0) throw py::value_error("batch_capacity must be positive");
     if (num_threads == 0) throw py::value_error("num_threads must be positive");
     auto specs = to_specs(fields);
-    ReaderOptions options{batch_capacity, num_threads, verify, std::move(decode), sample_delay_us,
+    ReaderOptions options{batch_capacity, num_threads, verify, std::move(decode),
                           to_pipeline(steps, specs, num_params)};
     options.max_sample_bytes = max_sample_bytes;
     options.record_version = record_version;
@@ -583,11 +583,11 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<PyBatchReader>(m, "BatchReader", "Worker threads decoding batches into pooled buffers.")
       .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,
-                    std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool, uint32_t,
+                    std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool,
                     const std::vector<StepTuple>&, size_t, uint64_t, uint16_t, uint64_t>(),
            py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("decode"),
            py::arg("batch_capacity"), py::arg("num_threads"), py::arg("verify") = true,
-           py::arg("sample_delay_us") = 0, py::arg("transforms") = std::vector<StepTuple>{},
+           py::arg("transforms") = std::vector<StepTuple>{},
            py::arg("num_params") = 0, py::arg("max_sample_bytes") = kDefaultMaxSampleBytes,
            py::arg("record_version") = kRecordVersion, py::arg("schema_fingerprint") = 0)
       .def_property_readonly("slot_bytes", [](PyBatchReader& r) { return r.reader().slot_bytes(); })
@@ -611,4 +611,11 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &PyBatchReader::close)
       .def("stats", [](PyBatchReader& r) { return stats_dict(r.reader().stats()); })
       .def("reset_stats", [](PyBatchReader& r) { r.reader().reset_stats(); });
+
+  // Test seams: not API (the leading underscore keeps them out of _native.pyi). tests/seams.py uses them.
+  py::module_ testing = m.def_submodule("_testing", "Test seams of the native core; not part of fastload's API.");
+  testing.def(
+      "set_read_delay", [](PyBatchReader& r, uint32_t delay_us) { r.reader().set_read_delay_for_tests(delay_us); },
+      py::arg("reader"), py::arg("delay_us"),
+      "Make every worker of `reader` sleep `delay_us` before each record read (lifecycle tests).");
 }

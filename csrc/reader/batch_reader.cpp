@@ -49,7 +49,6 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
       transforms_(std::move(options.transforms)),
       capacity_(options.batch_capacity),
       decode_(options.decode_field),
-      delay_us_(options.sample_delay_us),
       verify_(options.verify_checksums) {
   const size_t num_threads = options.num_threads;
   if (decode_.empty()) decode_.assign(fields_.size(), true);
@@ -291,7 +290,9 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scra
     if (i + 1 < end) shards_->prefetch(job.indices[i + 1]);
     const auto [shard, key] = shards_->locate(job.indices[i]);
     const auto [data, size] = shards_->shard(shard).record(key);
-    if (delay_us_ != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+    if (const uint32_t delay = read_delay_us_.load(std::memory_order_relaxed); delay != 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay));  // tests only (set_read_delay_for_tests)
+    }
     read_ns += elapsed_ns(t0);
     bytes_read += size;
     for (size_t f = 0; f < fields_.size(); ++f) {

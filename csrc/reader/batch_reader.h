@@ -62,7 +62,6 @@ struct ReaderOptions {
   size_t num_threads = 1;
   bool verify_checksums = true;
   std::vector<bool> decode_field;  // per field; empty means every field
-  uint32_t sample_delay_us = 0;    // testing only: slows every record read
   // Optional: every sample's fields go through it (decoded into per-thread
   // scratch first); the slot then holds the transformed fields.
   std::shared_ptr<const TransformPipeline> transforms;
@@ -125,6 +124,12 @@ class BatchReader {
   ReaderStats stats() const;
   void reset_stats();
 
+  // Test seam, not product API: from now on every worker sleeps `delay_us`
+  // before each record read (counted as read time), so lifecycle tests can
+  // catch a pass with batches in flight. Reached from Python only through
+  // fastload._native._testing (tests/seams.py). Any thread.
+  void set_read_delay_for_tests(uint32_t delay_us) noexcept { read_delay_us_.store(delay_us); }
+
  private:
   struct Job;
   void worker_main();
@@ -138,7 +143,7 @@ class BatchReader {
   size_t capacity_;
   std::vector<bool> decode_;
   std::vector<size_t> offsets_;
-  uint32_t delay_us_ = 0;
+  std::atomic<uint32_t> read_delay_us_{0};  // set_read_delay_for_tests
   size_t slot_bytes_ = 0;
   size_t chunk_size_ = 1;
   bool verify_;

@@ -62,7 +62,7 @@ class BatchReader:
 
     def __init__(self, shards: ShardSet, fields: Sequence[FieldTuple], dtypes: Sequence[np.dtype],
                  shapes: Sequence[Sequence[int]], decode: Sequence[bool], batch_capacity: int, num_threads: int,
-                 verify: bool = True, sample_delay_us: int = 0, transforms: Sequence[StepTuple] = (),
+                 verify: bool = True, transforms: Sequence[StepTuple] = (),
                  num_params: int = 0, max_sample_bytes: int = ..., record_version: int = 2,
                  schema_fingerprint: int = 0) -> None: ...
     @property

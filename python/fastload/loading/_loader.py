@@ -217,7 +217,6 @@ class ShardLoader:
         self._sampler: OrderBatchSampler | None = None
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._samplers: tuple[EpochSampler, EpochBatchSampler] | None = None
-        self._sample_delay_us = 0  # testing only: slows every native read
         self._host_allocator: Any = None  # testing only: replaces torch's pinned allocator
         self._transfer_ops: Any = None  # testing only: replaces CudaOps (a device without CUDA)
         self.max_copies_in_flight = 2
@@ -394,7 +393,7 @@ class ShardLoader:
             self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
         batch_indices = BatchIndices(plan, native_position_map(order))
         settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
-                                  self._sample_delay_us, self._host_allocator)
+                                  host_allocator=self._host_allocator)
         epoch_batches: Iterator[Batch]
         if grouped:  # datasets that store records differently: a reader per group, parts copied together
             assert isinstance(self.dataset, ConcatShardDataset)
@@ -442,13 +441,12 @@ class ShardLoader:
         """Pickle as configuration plus position: no native handle, thread or weak reference."""
         state = self.state_dict()
         return {"dataset": self.dataset, "kwargs": dict(self._init_kwargs), "epoch": state["epoch"],
-                "position": state["position"], "sample_delay_us": self._sample_delay_us}
+                "position": state["position"]}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Rebuild from configuration and position; shards are opened by the first pass in this process."""
         self.__init__(state["dataset"], **state["kwargs"])  # type: ignore[misc]
-        self._epoch, self._start = state["epoch"], state["position"]
-        self._sample_delay_us = state["sample_delay_us"]
+        self._epoch, self._start = state["epoch"], state["position"]  # older pickles also hold a test hook's value
 
     # ---- observability ------------------------------------------------------------------------
 

@@ -46,7 +46,6 @@ class NativeSettings:
     prefetch: int
     pin_memory: bool
     verify_checksums: bool = True
-    sample_delay_us: int = 0  # testing only
     host_allocator: HostAllocator | None = None  # testing only: replaces torch's pinned allocator
 
     def allocator(self) -> HostAllocator | None:
@@ -135,7 +134,7 @@ class NativeEpoch:
             [specs[f.name][0] if f.name in specs else f.np_dtype for f in schema],
             [list(specs[f.name][2]) if f.name in specs else list(f.shape) for f in schema],
             [f.name in wanted for f in schema], batch_size, settings.num_threads, settings.verify_checksums,
-            settings.sample_delay_us, steps, num_params, max_sample_bytes=max_sample_bytes(),
+            steps, num_params, max_sample_bytes=max_sample_bytes(),
             record_version=dataset.manifest.format_version, schema_fingerprint=schema_fingerprint(schema))
         self._views: FieldViews | None = None
         self._split = False
