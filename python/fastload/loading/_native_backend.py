@@ -94,11 +94,12 @@ class NativeEpoch:
     buffers itself: those of batches submitted and not yet delivered.
     ``close()`` (also on ``del``, ``break`` and errors) joins every worker thread.
 
-    Lifecycle guards: an epoch belongs to one consumer at a time (``next()``
-    while another thread is inside it raises FastloadError and leaves that
-    thread's epoch intact), and to the process that made it: in a child made by
-    ``os.fork()`` it raises FastloadError, and ``close()``/``del`` abandon the
-    native reader without joining threads that do not exist there.
+    Lifecycle guards: an epoch belongs to one consumer at a time, which the
+    :class:`~fastload.loading._epoch.EpochIterator` driving it enforces (and the
+    C++ reader refuses a second consumer too), and to the process that made it:
+    in a child made by ``os.fork()`` it raises FastloadError, and
+    ``close()``/``del`` abandon the native reader without joining threads that
+    do not exist there.
     """
 
     def __init__(self, shards: Any, dataset: ShardDataset, num_batches: int, batch_size: int,
@@ -127,7 +128,6 @@ class NativeEpoch:
         self._allocator = settings.allocator()
         self._buffers: deque[list[torch.Tensor]] = deque()  # single-use buffers of submitted batches, in order
         self._pid = os.getpid()
-        self._busy = threading.Lock()
         self._reader: Any = None  # set first: __del__ runs even when the constructor below raises
         self._reader = _native.BatchReader(
             shards, [f.native_spec for f in schema],
@@ -184,13 +184,7 @@ class NativeEpoch:
         if self._forked():
             raise FastloadError(f"this loader iterator was created in process {self._pid} and inherited through "
                                 "os.fork(); its threads do not exist here: iterate a new ShardLoader in the child")
-        if not self._busy.acquire(blocking=False):
-            raise FastloadError("this loader iterator is being consumed by another thread; give each thread its "
-                                "own iterator (or its own ShardLoader)")
-        try:
-            return self._next_batch()
-        finally:
-            self._busy.release()
+        return self._next_batch()
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
         if self._reader is None or self._delivered >= self._num_batches:
