@@ -23,22 +23,11 @@
 #include "reader/batch_reader.h"
 #include "reader/permutation.h"
 #include "reader/slot_pool.h"
+#include "tests/check.h"
 
 using namespace fastload;
 
 namespace {
-
-int failures = 0;
-int checks = 0;
-
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    ++checks;                                                         \
-    if (!(cond)) {                                                    \
-      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);     \
-      ++failures;                                                     \
-    }                                                                 \
-  } while (0)
 
 void put(std::vector<uint8_t>& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
@@ -421,6 +410,5 @@ int main() {
   test_lz4_size_is_exact();
   test_image_codecs();
   test_permutation();
-  std::printf("core_tests: %d checks, %d failed\n", checks, failures);
-  return failures == 0 ? 0 : 1;
+  return test::report("core_tests");
 }

@@ -21,23 +21,12 @@
 
 #include "errors.h"
 #include "reader/shard_reader.h"
+#include "tests/check.h"
 
 using namespace fastload;
 namespace fs = std::filesystem;
 
 namespace {
-
-int failures = 0;
-int checks = 0;
-
-#define CHECK(cond)                                               \
-  do {                                                            \
-    ++checks;                                                     \
-    if (!(cond)) {                                                \
-      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                 \
-    }                                                             \
-  } while (0)
 
 std::string utf8(const fs::path& p) {
   const auto s = p.u8string();
@@ -126,10 +115,8 @@ int main(int argc, char** argv) {
     CHECK(fs::file_size(writable) == before);
 #endif
   } catch (const std::exception& e) {
-    std::printf("FAIL: unexpected exception: %s\n", e.what());
-    ++failures;
+    test::unexpected(e);
   }
   fs::remove_all(scratch);
-  std::printf("lmdb_readonly_tests: %d checks, %d failed\n", checks, failures);
-  return failures == 0 ? 0 : 1;
+  return test::report("lmdb_readonly_tests");
 }

@@ -28,6 +28,7 @@
 #include "reader/batch_reader.h"
 #include "reader/permutation.h"
 #include "reader/shard_reader.h"
+#include "tests/check.h"
 
 #ifdef _WIN32
 #ifndef NOMINMAX
@@ -42,18 +43,6 @@ using namespace fastload;
 namespace fs = std::filesystem;
 
 namespace {
-
-int failures = 0;
-int checks = 0;
-
-#define CHECK(cond)                                               \
-  do {                                                            \
-    ++checks;                                                     \
-    if (!(cond)) {                                                \
-      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                 \
-    }                                                             \
-  } while (0)
 
 // The dataset of scripts/cross_test_shards.py.
 constexpr uint64_t kSamples = 300;
@@ -460,10 +449,8 @@ int main(int argc, char** argv) {
     test_held_open(dataset);
 #endif
   } catch (const std::exception& e) {
-    std::printf("FAIL: unexpected exception: %s\n", e.what());
-    ++failures;
+    test::unexpected(e);
   }
   fs::remove_all(scratch);
-  std::printf("shard_tests: %d checks, %d failed\n", checks, failures);
-  return failures == 0 ? 0 : 1;
+  return test::report("shard_tests");
 }

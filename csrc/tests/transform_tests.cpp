@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "tests/check.h"
 #include "transforms/kernels.h"
 #include "transforms/pipeline.h"
 
@@ -17,16 +18,6 @@ using namespace fastload;
 using namespace fastload::transforms;
 
 namespace {
-
-int failures = 0;
-
-#define CHECK(cond)                                               \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                 \
-    }                                                             \
-  } while (0)
 
 int64_t at(const Dims& d, int64_t c, int64_t y, int64_t x) {
   return d.hwc ? (y * d.w + x) * d.c + c : (c * d.h + y) * d.w + x;
@@ -243,10 +234,5 @@ int main() {
   test_fill_rects();
   test_resize();
   test_pipeline_validation_and_run();
-  if (failures) {
-    std::printf("%d failure(s)\n", failures);
-    return 1;
-  }
-  std::printf("transform tests passed\n");
-  return 0;
+  return test::report("transform_tests");
 }
