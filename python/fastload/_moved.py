@@ -3,9 +3,8 @@
 A pickle names a class by its module: a loader pickled before the move says
 ``fastload._loader.ShardLoader``. Importing an old path (``import fastload._loader``,
 ``pickle.load``) gives the module at its new path, so pickles written by older versions
-load and old private imports keep working. New code
-imports the new paths; the tests import nothing through these aliases except the
-legacy pickles (tests/test_legacy_pickles.py).
+load and old private imports keep working. New code imports the new paths; the tests
+use the old ones only in tests/test_legacy_pickles.py.
 """
 
 from __future__ import annotations
