@@ -109,7 +109,7 @@ def test_interpreter_exit_while_a_daemon_thread_waits_in_next(small_dataset, run
 def test_interpreter_exit_with_a_live_iterator_in_a_global(small_dataset, taken, delay_us, ending):
     proc = run_script(f"""
         loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2, prefetch=4)
-        loader._sample_delay_us = {delay_us}
+        install_slow_reads({delay_us})
         it = iter(loader)
         before = len(os.listdir("/proc/self/task"))
         for _ in range({taken}):
