@@ -21,8 +21,10 @@ MOVED = {
     "_alias": "sampling._alias",
     "_array_writer": "conversion._array_writer",
     "_augment": "loading._augment",
+    "_auto": "conversion._auto",
     "_bench": "tools._bench",
     "_cli_options": "conversion._cli_options",
+    "_codecs": "format._codecs",
     "_compose": "loading._compose",
     "_convert": "conversion._convert",
     "_datamodule": "loading._datamodule",
@@ -49,6 +51,7 @@ MOVED = {
     "_native_groups": "loading._native_groups",
     "_order": "sampling._order",
     "_parallel": "conversion._parallel",
+    "_payload": "format._payload",
     "_pinned": "loading._pinned",
     "_plan": "loading._plan",
     "_preprocess_h5": "conversion._preprocess_h5",
@@ -65,6 +68,7 @@ MOVED = {
     "_state": "loading._state",
     "_tiling": "conversion._tiling",
     "_torch_backend": "loading._torch_backend",
+    "_turbojpeg": "format._turbojpeg",
     "_verify": "format._verify",
 }
 
