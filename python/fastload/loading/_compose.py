@@ -9,7 +9,6 @@ the mixture's sampling policy (``_sampling.py``).
 
 from __future__ import annotations
 
-import bisect
 import os
 from collections.abc import Sequence
 from typing import Any, Union
@@ -20,7 +19,7 @@ import xxhash
 
 from ..errors import SchemaMismatchError
 from ..sampling._sampling import STOP_MODES, MixSampling, Stop
-from ._dataset import ShardDataset, empty_batch
+from ._dataset import ShardDataset, empty_batch, locate_in_parts
 
 SOURCE_FIELD = "source"
 DatasetLike = Union[str, os.PathLike, ShardDataset]
@@ -136,13 +135,8 @@ class ConcatShardDataset(torch.utils.data.Dataset):
         return self.offsets[-1]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"sample index {index} out of range for {n} samples")
-        j = bisect.bisect_right(self.offsets, index) - 1
-        sample = self.datasets[j][index - self.offsets[j]]
+        j, local = locate_in_parts(self.offsets, index)
+        sample = self.datasets[j][local]
         if self.with_source:
             sample[SOURCE_FIELD] = torch.tensor(j, dtype=torch.int64)
         return sample

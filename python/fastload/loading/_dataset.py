@@ -69,6 +69,20 @@ def select_fields(schema: Sequence[Field], fields: Sequence[str] | None) -> list
     return [f for f in schema if f.name in fields]
 
 
+def locate_in_parts(starts: Sequence[int], index: int) -> tuple[int, int]:
+    """Return (part, index within it) of ``index`` over parts beginning at ``starts`` (the last entry: the total).
+
+    A negative ``index`` counts from the end, as in a list; one outside raises IndexError.
+    """
+    n = starts[-1]
+    if index < 0:
+        index += n
+    if not 0 <= index < n:
+        raise IndexError(f"sample index {index} out of range for {n} samples")
+    part = bisect.bisect_right(starts, index) - 1
+    return part, index - starts[part]
+
+
 class ShardDataset(torch.utils.data.Dataset):
     """A map-style dataset over a shard dataset directory: ``ds[i]`` is a dict of field name to tensor.
 
@@ -113,13 +127,7 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def locate(self, index: int) -> tuple[int, int]:
         """Return (shard number, key within the shard) of global sample ``index``."""
-        n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"sample index {index} out of range for {n} samples")
-        shard = bisect.bisect_right(self._starts, index) - 1
-        return shard, index - self._starts[shard]
+        return locate_in_parts(self._starts, index)
 
     def _env(self, shard: int) -> Any:
         env = self._envs.get(shard)
