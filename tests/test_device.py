@@ -206,7 +206,12 @@ def test_auto_prefetch_holds_about_32_mib_of_pinned_batches():
     from fastload.loading._loader import auto_prefetch
 
     tiles = 256 * (3 * 128 * 128 + 8)
+    small = 256 * (3 * 32 * 32 + 8)
     assert auto_prefetch(8, tiles, pin_memory=False) == 8  # plain memory: one batch per thread
+    assert auto_prefetch(16, small, pin_memory=False) == 64  # and at least 64 MiB of batches (up to 64)
+    assert auto_prefetch(2, 4 * small, pin_memory=False) == 22
+    assert auto_prefetch(2, 16, pin_memory=False) == 64  # up to 64 batches
+    assert auto_prefetch(100, 16, pin_memory=False) == 100  # never fewer than one per thread
     assert auto_prefetch(8, tiles, pin_memory=True) == 3
     assert auto_prefetch(8, 256 * (3 * 32 * 32 + 8), pin_memory=True) == 8
     assert auto_prefetch(1, 10 * 2**30, pin_memory=True) == 2  # never below two

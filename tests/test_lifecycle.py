@@ -7,6 +7,7 @@ import time
 
 import psutil
 import pytest
+import torch
 from conftest import thread_count
 
 from fastload import ShardLoader
@@ -106,15 +107,18 @@ def test_many_short_lived_loaders_leak_neither_threads_nor_memory(small_dataset,
 def test_steady_loop_recycles_buffers(small_dataset):
     loader = ShardLoader(small_dataset, batch_size=4, prefetch=2, num_threads=2)
     it = iter(loader)
-    for _ in it:
+    for _batch in it:
         assert isinstance(it._inner, NativeEpoch)  # built by the first next()
     assert it._inner.pool_slots == 0  # closed at the end
-    it = iter(loader)
-    slots = []
-    for _batch in it:
-        slots.append(it._inner.pool_slots)
-    assert max(slots) <= 2 + 2  # prefetch + the batch being used + the one the loop variable still holds
-    assert len(slots) == 26
+    _batch = None  # no batch of the first pass stays alive
+    for _ in range(2):  # the next passes take their buffers from the same pool
+        it = iter(loader)
+        slots = []
+        for _batch in it:
+            slots.append(it._inner.pool_slots)
+        _batch = None
+        assert max(slots) <= 2 + 2  # prefetch + the batch being used + the one the loop variable still holds
+        assert len(slots) == 26
 
 
 def test_held_batches_keep_their_buffers(small_dataset):
@@ -125,6 +129,40 @@ def test_held_batches_keep_their_buffers(small_dataset):
     for a, b in zip(held, again):
         assert a["image"].data_ptr() != b["image"].data_ptr()
         assert (a["label"] == b["label"]).all()
+
+
+def test_a_new_pass_reuses_the_last_pass_buffers_and_spares_those_still_viewed(small_dataset):
+    loader = ShardLoader(small_dataset, batch_size=4, prefetch=3, num_threads=2, pin_memory=False)
+    first = iter(loader)
+    kept = []
+    for i, batch in enumerate(first):
+        if i % 2 == 0:  # every other batch of the first pass stays alive, viewing its buffer
+            kept.append((batch, batch["image"].clone(), batch["label"].clone()))
+    pool_after_first = first._inner  # closed: its buffers went back to the loader's pool
+    assert pool_after_first.pool_slots == 0
+    second = iter(loader)
+    next(second)
+    inherited = second._inner.pool_slots
+    assert inherited >= len(kept) + 1  # the first pass's buffers, held ones included, not new ones
+    for _ in second:
+        pass
+    loader.set_epoch(0)
+    for _ in loader:  # a third pass over the same buffers
+        pass
+    for batch, image, label in kept:  # nothing written into a buffer a batch still views
+        assert torch.equal(batch["image"], image) and torch.equal(batch["label"], label)
+    del kept
+    gc.collect()
+
+
+def test_the_first_batch_does_not_wait_for_the_whole_window(small_dataset):
+    loader = ShardLoader(small_dataset, batch_size=4, prefetch=8, num_threads=2, pin_memory=False)
+    it = iter(loader)
+    next(it)
+    assert it._inner.pool_slots <= 2  # two buffers made before the first batch, not eight
+    next(it)
+    assert it._inner.pool_slots >= 8  # then the window fills
+    it.close()
 
 
 def test_batches_outlive_their_loader(small_dataset):

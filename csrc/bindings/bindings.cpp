@@ -182,7 +182,7 @@ class PyBatchReader {
                 std::vector<py::dtype> dtypes, std::vector<std::vector<py::ssize_t>> shapes, std::vector<bool> decode,
                 size_t batch_capacity, size_t num_threads, bool verify,
                 const std::vector<StepTuple>& steps, size_t num_params, uint64_t max_sample_bytes,
-                uint16_t record_version, uint64_t schema_fingerprint)
+                uint16_t record_version, uint64_t schema_fingerprint, std::shared_ptr<SlotPool> pool)
       : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)), num_params_(num_params) {
     if (dtypes_.size() != fields.size() || shapes_.size() != fields.size() || decode.size() != fields.size()) {
       throw py::value_error("fields, dtypes, shapes and decode differ in length");
@@ -195,6 +195,7 @@ class PyBatchReader {
     options.max_sample_bytes = max_sample_bytes;
     options.record_version = record_version;
     options.schema_fingerprint = schema_fingerprint;
+    options.pool = std::move(pool);
     {
       py::gil_scoped_release release;
       reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), std::move(options));
@@ -581,17 +582,26 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<SlotLease>(m, "SlotLease", "Keeps a batch buffer out of the pool while arrays view it.");
 
+  py::class_<SlotPool, std::shared_ptr<SlotPool>>(
+      m, "SlotPool", "A reader's batch buffers; hand it to the next reader over the same fields to reuse them.")
+      .def_property_readonly("slot_bytes", &SlotPool::slot_bytes)
+      .def_property_readonly("free_slots", &SlotPool::free_count)
+      .def_property_readonly("total_slots", &SlotPool::total_count);
+
   py::class_<PyBatchReader>(m, "BatchReader", "Worker threads decoding batches into pooled buffers.")
       .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,
                     std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool,
-                    const std::vector<StepTuple>&, size_t, uint64_t, uint16_t, uint64_t>(),
+                    const std::vector<StepTuple>&, size_t, uint64_t, uint16_t, uint64_t,
+                    std::shared_ptr<SlotPool>>(),
            py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("decode"),
            py::arg("batch_capacity"), py::arg("num_threads"), py::arg("verify") = true,
            py::arg("transforms") = std::vector<StepTuple>{},
            py::arg("num_params") = 0, py::arg("max_sample_bytes") = kDefaultMaxSampleBytes,
-           py::arg("record_version") = kRecordVersion, py::arg("schema_fingerprint") = 0)
+           py::arg("record_version") = kRecordVersion, py::arg("schema_fingerprint") = 0,
+           py::arg("pool") = std::shared_ptr<SlotPool>())
       .def_property_readonly("slot_bytes", [](PyBatchReader& r) { return r.reader().slot_bytes(); })
       .def_property_readonly("num_threads", [](PyBatchReader& r) { return r.reader().num_threads(); })
+      .def_property_readonly("pool", [](PyBatchReader& r) { return r.reader().pool(); })
       .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })
       .def_property_readonly("total_slots", [](PyBatchReader& r) { return r.reader().pool()->total_count(); })
       .def_property_readonly("pending", [](PyBatchReader& r) { return r.reader().pending(); })

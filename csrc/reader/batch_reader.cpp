@@ -101,7 +101,8 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
   for (size_t f = 0; f < fields_.size(); ++f) sample_bytes += decode_[f] ? static_cast<size_t>(sample_bytes_[f]) : 0;
   const size_t min_samples = std::max<size_t>(1, kMinChunkBytes / std::max<size_t>(1, sample_bytes));
   chunk_size_ = std::max({size_t{1}, capacity_ / (num_threads * 4), std::min(min_samples, capacity_)});
-  pool_ = std::make_shared<SlotPool>(slot_bytes_);
+  pool_ = options.pool && options.pool->slot_bytes() == slot_bytes_ ? std::move(options.pool)
+                                                                     : std::make_shared<SlotPool>(slot_bytes_);
   try {
     for (size_t i = 0; i < num_threads; ++i) workers_.emplace_back([this, i] {
         name_this_thread("fastload-w" + std::to_string(i));
@@ -200,7 +201,12 @@ void BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> par
   inflight_.push_back(job);
   if (job->num_chunks > 0) {
     work_.push_back(job);
-    work_cv_.notify_all();
+    // Wake no more workers than the job has chunks: waking all of them for a
+    // small batch costs more context switches than the batch takes to decode
+    // when there are more threads than cores. A busy worker moves on to the
+    // next job by itself.
+    const size_t wake = std::min(job->num_chunks, idle_workers_);
+    for (size_t i = 0; i < wake; ++i) work_cv_.notify_one();
   }
 }
 
@@ -238,7 +244,9 @@ void BatchReader::worker_main() {
   for (;;) {
     if (!job) {
       std::unique_lock<std::mutex> lock(mutex_);
+      ++idle_workers_;
       work_cv_.wait(lock, [this] { return stop_ || !work_.empty(); });
+      --idle_workers_;
       if (stop_) return;
       job = work_.front();
     }

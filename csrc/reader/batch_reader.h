@@ -68,6 +68,11 @@ struct ReaderOptions {
   uint64_t max_sample_bytes = kDefaultMaxSampleBytes;  // a larger schema is refused
   uint16_t record_version = kRecordVersion;            // the manifest's format_version
   uint64_t schema_fingerprint = 0;                     // v2: what every record must carry
+  // Optional: the pool of an earlier reader over the same fields, reused when
+  // its slots are this reader's size, so that a new pass neither allocates nor
+  // page-faults its batch buffers again. A slot still viewed by the consumer
+  // returns to it when released, as with one reader.
+  std::shared_ptr<SlotPool> pool;
 };
 
 struct ReaderStats {
@@ -156,6 +161,7 @@ class BatchReader {
   std::deque<std::shared_ptr<Job>> work_;      // jobs with chunks not yet claimed
   std::deque<std::shared_ptr<Job>> inflight_;  // every undelivered job, in order
   bool stop_ = false;
+  size_t idle_workers_ = 0;  // workers blocked on work_cv_ (guarded by mutex_)
   std::atomic<bool> stop_flag_{false};  // stop_, readable without the lock between chunks
   std::vector<std::thread> workers_;
 

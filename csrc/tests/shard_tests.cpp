@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,67 @@ void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& or
   CHECK(good == kSamples);
   CHECK(std::count(seen.begin(), seen.end(), true) == static_cast<long>(kSamples));
   CHECK(reader.stats().samples == kSamples);
+}
+
+// A reader given an earlier reader's pool takes its buffers (those still held
+// by the consumer come back when released, and are not written before); a pool
+// of another slot size is not taken.
+void test_pool_carried_over(const fs::path& dataset) {
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
+  ReaderOptions options;
+  options.batch_capacity = 8;
+  options.num_threads = 3;
+  options.schema_fingerprint = written_fingerprint(*shards);
+  std::vector<std::vector<uint8_t>> memory(2);
+  std::shared_ptr<SlotPool> pool;
+  std::optional<CompletedBatch> kept;
+  std::vector<uint64_t> first = {5, 1, 4, 1, 5, 9, 2, 6};
+  {
+    BatchReader reader(shards, kFields, options);
+    for (auto& m : memory) {
+      m.resize(reader.slot_bytes());
+      reader.pool()->add(m.data(), m.size(), nullptr);
+    }
+    reader.submit(first);
+    kept = reader.wait_next(std::chrono::milliseconds(60000));
+    CHECK(kept.has_value() && kept->count == first.size());
+    pool = reader.pool();
+  }  // the reader is gone; the consumer still holds one batch
+  CHECK(pool->total_count() == 2 && pool->free_count() == 1);
+  const std::vector<uint8_t> before(kept->slot->data, kept->slot->data + pool->slot_bytes());
+  options.pool = pool;
+  BatchReader next(shards, kFields, options);
+  CHECK(next.pool() == pool);
+  uint64_t good = 0;
+  for (uint64_t round = 0; round < 3; ++round) {
+    std::vector<uint64_t> indices;
+    for (uint64_t k = 0; k < 8; ++k) indices.push_back((round * 8 + k * 7) % kSamples);
+    next.submit(indices);
+    auto batch = next.wait_next(std::chrono::milliseconds(60000));
+    CHECK(batch.has_value() && batch->slot->data != kept->slot->data);
+    for (size_t k = 0; batch && k < batch->count; ++k) {
+      good += sample_ok(indices[k], batch->slot->data + next.field_offset(0) + k * kFields[0].decoded_bytes,
+                        batch->slot->data + next.field_offset(1) + k * kFields[1].decoded_bytes);
+    }
+  }
+  CHECK(good == 24);
+  CHECK(std::equal(before.begin(), before.end(), kept->slot->data));  // the held batch was not written
+  bool refused = false;
+  next.submit({0});
+  try {  // both buffers in use: no third one appears
+    next.submit({1});
+  } catch (const FastloadError&) {
+    refused = true;
+  }
+  CHECK(refused);
+  kept.reset();  // the held buffer returns to the pool the new reader uses
+  CHECK(pool->free_count() == 1);
+  next.submit({2});
+  CHECK(next.wait_next(std::chrono::milliseconds(60000)).has_value());
+  CHECK(next.wait_next(std::chrono::milliseconds(60000)).has_value());
+  options.batch_capacity = 16;  // another slot size: a pool of its own
+  BatchReader other(shards, kFields, options);
+  CHECK(other.pool() != pool && other.pool()->total_count() == 0);
 }
 
 // The C++ Permutation gives the order the Python writer's EpochOrder wrote.
@@ -441,6 +503,7 @@ int main(int argc, char** argv) {
   try {
     const std::vector<uint64_t> order = test_order(dir);
     test_threaded_read(dataset, order);
+    test_pool_carried_over(dataset);
     test_damaged_copies(dataset, scratch);
     test_file_system(dataset, scratch);
     test_codecs(dir);

@@ -57,6 +57,16 @@ class ShardSet:
 class SlotLease:
     """Keeps a batch buffer out of the pool while arrays view it."""
 
+class SlotPool:
+    """A reader's batch buffers; hand it to the next reader over the same fields to reuse them."""
+
+    @property
+    def slot_bytes(self) -> int: ...
+    @property
+    def free_slots(self) -> int: ...
+    @property
+    def total_slots(self) -> int: ...
+
 class BatchReader:
     """Worker threads decoding batches into pooled buffers."""
 
@@ -64,7 +74,9 @@ class BatchReader:
                  shapes: Sequence[Sequence[int]], decode: Sequence[bool], batch_capacity: int, num_threads: int,
                  verify: bool = True, transforms: Sequence[StepTuple] = (),
                  num_params: int = 0, max_sample_bytes: int = ..., record_version: int = 2,
-                 schema_fingerprint: int = 0) -> None: ...
+                 schema_fingerprint: int = 0, pool: SlotPool | None = None) -> None: ...
+    @property
+    def pool(self) -> SlotPool: ...
     @property
     def slot_bytes(self) -> int: ...
     @property

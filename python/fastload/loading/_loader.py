@@ -21,7 +21,7 @@ from ._dataset import ShardDataset
 from ._device import CudaOps, DevicePrefetcher, resolve_device
 from ._distributed import Topology, _positive_int
 from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
-from ._native_backend import NATIVE_IMPORT_ERROR, NativeEpoch, NativeSettings, open_shards
+from ._native_backend import NATIVE_IMPORT_ERROR, NativeEpoch, NativeSettings, SlotPoolKeeper, open_shards
 from ._native_groups import GroupedNativeEpoch, open_groups
 from ._plan import BatchIndices, EpochPlan
 from ._sampler import EpochBatchSampler, EpochSampler
@@ -50,19 +50,29 @@ def _resolve_backend(backend: str) -> str:
 
 
 PINNED_PREFETCH_BYTES = 32 * 2**20
+# Plain batches in flight: at least this many bytes (and this many batches at most). A worker
+# descheduled in the middle of a chunk holds back the oldest batch; the others keep decoding only
+# while later batches are queued, so the queue must hold more work than a scheduler time slice
+# when there are more threads than cores (small records: 200 us of work per batch).
+MIN_PREFETCH_BYTES = 64 * 2**20
+MAX_AUTO_PREFETCH = 64
 
 
 def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool) -> int:
-    """Return ``prefetch="auto"``: one batch per thread (at least 2); pinned, no more than about 32 MiB of batches.
+    """Return ``prefetch="auto"``: batches in flight for this many threads and this batch size.
 
-    Page-locked memory is scarce and torch rounds each pinned batch up to a power of two;
-    with batches of a few MiB, two or three in flight keep every thread busy, since all
-    threads work on the oldest batch.
+    Plain memory: at least one batch per thread and 2, and at least 64 MiB of batches (up to
+    64 batches), so that small batches keep many threads busy. Pinned: one batch per thread,
+    no more than about 32 MiB of batches: page-locked memory is scarce and torch rounds each
+    pinned batch up to a power of two; with batches of a few MiB, two or three in flight keep
+    every thread busy, since all threads work on the oldest batch.
     """
     prefetch = max(2, num_threads)
-    if pin_memory and batch_bytes > 0:
-        prefetch = min(prefetch, max(2, -(-PINNED_PREFETCH_BYTES // batch_bytes)))
-    return prefetch
+    if batch_bytes <= 0:
+        return prefetch
+    if pin_memory:
+        return min(prefetch, max(2, -(-PINNED_PREFETCH_BYTES // batch_bytes)))
+    return max(prefetch, min(MAX_AUTO_PREFETCH, -(-MIN_PREFETCH_BYTES // batch_bytes)))
 
 
 def _resolve_pin_memory(pin_memory: bool | str, device: torch.device | None) -> bool:
@@ -214,6 +224,7 @@ class ShardLoader:
         self._active: weakref.ref[EpochIterator] | None = None  # the started pass that moves this loader
         self._last_stats: dict[str, Any] = {}
         self._shards: Any = None  # the native ShardSet, opened by the first pass in this process
+        self._slots = SlotPoolKeeper()  # plain batch buffers, reused by the next pass
         self._sampler: OrderBatchSampler | None = None
         self._dataloader: torch.utils.data.DataLoader | None = None
         self._samplers: tuple[EpochSampler, EpochBatchSampler] | None = None
@@ -393,7 +404,7 @@ class ShardLoader:
             self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
         batch_indices = BatchIndices(plan, native_position_map(order))
         settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
-                                  host_allocator=self._host_allocator)
+                                  host_allocator=self._host_allocator, slots=None if grouped else self._slots)
         epoch_batches: Iterator[Batch]
         if grouped:  # datasets that store records differently: a reader per group, parts copied together
             assert isinstance(self.dataset, ConcatShardDataset)

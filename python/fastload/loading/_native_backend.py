@@ -38,6 +38,9 @@ else:
     NATIVE_IMPORT_ERROR = None
 
 
+FIRST_WINDOW = 2  # batches submitted before the first one is delivered
+
+
 @dataclass(frozen=True)
 class NativeSettings:
     """How the native backend reads: threads, batches in flight, pinned buffers."""
@@ -47,12 +50,36 @@ class NativeSettings:
     pin_memory: bool
     verify_checksums: bool = True
     host_allocator: HostAllocator | None = None  # testing only: replaces torch's pinned allocator
+    slots: SlotPoolKeeper | None = None  # plain buffers kept from pass to pass (the loader's)
 
     def allocator(self) -> HostAllocator | None:
         """Return the allocator of single-use batch buffers, or None for pooled numpy buffers."""
         if self.host_allocator is not None:
             return self.host_allocator
         return allocate_pinned if self.pin_memory else None
+
+
+class SlotPoolKeeper:
+    """Keeps a loader's plain batch buffers (a native SlotPool) from one pass to the next.
+
+    A new pass over the same fields reuses them: it neither allocates nor page-faults
+    its buffers again (with tiles, hundreds of MiB per pass). Buffers still viewed by
+    batches of an earlier pass return to the pool when those tensors are dropped. The
+    pool is this process's: in a child made by ``os.fork()`` a new one is started
+    (the parent's threads may have held its lock at the fork).
+    """
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+        self._pid = 0
+
+    def get(self) -> Any:
+        """Return the pool kept by the last pass in this process, or None."""
+        return self._pool if self._pid == os.getpid() else None
+
+    def keep(self, pool: Any) -> None:
+        """Keep ``pool`` for the next pass."""
+        self._pool, self._pid = pool, os.getpid()
 
 
 # Open shard sets of this process, shared by every loader over the same unchanged files, so each shard
@@ -135,7 +162,10 @@ class NativeEpoch:
             [list(specs[f.name][2]) if f.name in specs else list(f.shape) for f in schema],
             [f.name in wanted for f in schema], batch_size, settings.num_threads, settings.verify_checksums,
             steps, num_params, max_sample_bytes=max_sample_bytes(),
-            record_version=dataset.manifest.format_version, schema_fingerprint=schema_fingerprint(schema))
+            record_version=dataset.manifest.format_version, schema_fingerprint=schema_fingerprint(schema),
+            pool=None if settings.slots is None or self._allocator is not None else settings.slots.get())
+        if settings.slots is not None and self._allocator is None:
+            settings.slots.keep(self._reader.pool)
         self._views: FieldViews | None = None
         self._split = False
         if self._allocator is not None:
@@ -149,7 +179,10 @@ class NativeEpoch:
 
     def _submit_ahead(self) -> None:
         reader = self._reader
-        while self._next_submit < self._num_batches and self._next_submit - self._delivered < self._settings.prefetch:
+        # Until the first batch is out only two go in: the first batch does not wait for the others'
+        # buffers and submissions; the rest of the window fills on the next call.
+        window = self._settings.prefetch if self._delivered else min(self._settings.prefetch, FIRST_WINDOW)
+        while self._next_submit < self._num_batches and self._next_submit - self._delivered < window:
             if self._allocator is not None:
                 self._buffers.append(self._new_buffers())
             elif reader.free_slots == 0:
@@ -200,7 +233,8 @@ class NativeEpoch:
                 for name in self._bf16:
                     batch[name] = batch[name].view(torch.bfloat16)
             self._delivered += 1
-            self._submit_ahead()
+            if self._delivered > 1:  # the first batch goes out now; the window fills on the next call
+                self._submit_ahead()
         except BaseException:
             self.close()
             raise
