@@ -155,6 +155,21 @@ def test_a_new_pass_reuses_the_last_pass_buffers_and_spares_those_still_viewed(s
     gc.collect()
 
 
+def test_the_kept_buffers_are_bounded_after_a_consumer_held_a_whole_epoch(small_dataset):
+    loader = ShardLoader(small_dataset, batch_size=4, prefetch=2, num_threads=2, pin_memory=False)
+    held = list(loader)  # 26 batches, each viewing its own buffer
+    assert len(held) == 26
+    labels = [b["label"].clone() for b in held]
+    del held
+    gc.collect()
+    it = iter(loader)
+    batch = next(it)
+    assert it._inner.pool_slots <= 2 + 2  # not the 26 buffers the first pass made
+    again = [batch] + list(it)
+    assert len(again) == 26
+    assert sorted(torch.cat([b["label"] for b in again]).tolist()) == sorted(torch.cat(labels).tolist())
+
+
 def test_the_first_batch_does_not_wait_for_the_whole_window(small_dataset):
     loader = ShardLoader(small_dataset, batch_size=4, prefetch=8, num_threads=2, pin_memory=False)
     it = iter(loader)

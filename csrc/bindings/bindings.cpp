@@ -586,7 +586,9 @@ PYBIND11_MODULE(_native, m) {
       m, "SlotPool", "A reader's batch buffers; hand it to the next reader over the same fields to reuse them.")
       .def_property_readonly("slot_bytes", &SlotPool::slot_bytes)
       .def_property_readonly("free_slots", &SlotPool::free_count)
-      .def_property_readonly("total_slots", &SlotPool::total_count);
+      .def_property_readonly("total_slots", &SlotPool::total_count)
+      .def("keep_at_most", &SlotPool::keep_at_most, py::arg("count"),
+           "Free extra free buffers now, and from now on keep no more than count free ones.");
 
   py::class_<PyBatchReader>(m, "BatchReader", "Worker threads decoding batches into pooled buffers.")
       .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,

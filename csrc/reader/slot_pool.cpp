@@ -63,8 +63,29 @@ void SlotPool::retire(std::unique_ptr<Slot> slot) {
 }
 
 void SlotPool::give_back(std::unique_ptr<Slot> slot) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  free_.push_back(std::move(slot));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.size() < max_free_) {
+      free_.push_back(std::move(slot));
+      return;
+    }
+    --total_;
+  }
+  slot.reset();  // freed outside the lock: its owner may take the GIL
+}
+
+void SlotPool::keep_at_most(size_t count) {
+  std::vector<std::unique_ptr<Slot>> extra;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    max_free_ = count;
+    while (free_.size() > count) {
+      extra.push_back(std::move(free_.back()));
+      free_.pop_back();
+      --total_;
+    }
+  }
+  extra.clear();  // outside the lock, as in give_back
 }
 
 size_t SlotPool::free_count() const {

@@ -54,6 +54,13 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   // owned by a shared_ptr.
   std::shared_ptr<Slot> try_acquire();
 
+  // From now on keeps at most `count` free slots: extra free slots are freed
+  // now, and a slot coming back to a pool that holds `count` free ones is
+  // freed instead of kept. A pool that outlives its reader (handed to the next
+  // one) so never holds more than its owner expects to need, whatever number
+  // of batches a consumer once held at the same time.
+  void keep_at_most(size_t count);
+
   size_t free_count() const;
   // Slots the pool holds: free ones plus those handed out and not yet back.
   size_t total_count() const;
@@ -66,6 +73,7 @@ class SlotPool : public std::enable_shared_from_this<SlotPool> {
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Slot>> free_;
   size_t total_ = 0;
+  size_t max_free_ = SIZE_MAX;
 };
 
 }  // namespace fastload

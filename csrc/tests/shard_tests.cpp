@@ -213,6 +213,18 @@ void test_pool_carried_over(const fs::path& dataset) {
   next.submit({2});
   CHECK(next.wait_next(std::chrono::milliseconds(60000)).has_value());
   CHECK(next.wait_next(std::chrono::milliseconds(60000)).has_value());
+  CHECK(pool->total_count() == 2 && pool->free_count() == 2);
+  pool->keep_at_most(1);  // one free buffer is freed now
+  CHECK(pool->total_count() == 1 && pool->free_count() == 1);
+  next.submit({3});
+  CHECK(next.wait_next(std::chrono::milliseconds(60000)).has_value());
+  CHECK(pool->free_count() == 1);
+  pool->keep_at_most(0);
+  CHECK(pool->total_count() == 0);
+  pool->add(memory[0].data(), memory[0].size(), nullptr);
+  next.submit({4});
+  CHECK(next.wait_next(std::chrono::milliseconds(60000)).has_value());
+  CHECK(pool->total_count() == 0 && pool->free_count() == 0);  // a buffer coming back was freed, not kept
   options.batch_capacity = 16;  // another slot size: a pool of its own
   BatchReader other(shards, kFields, options);
   CHECK(other.pool() != pool && other.pool()->total_count() == 0);

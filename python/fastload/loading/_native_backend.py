@@ -64,7 +64,8 @@ class SlotPoolKeeper:
 
     A new pass over the same fields reuses them: it neither allocates nor page-faults
     its buffers again (with tiles, hundreds of MiB per pass). Buffers still viewed by
-    batches of an earlier pass return to the pool when those tensors are dropped. The
+    batches of an earlier pass return to the pool when those tensors are dropped; the
+    pool keeps no more than ``prefetch + 2`` free ones (set by each pass). The
     pool is this process's: in a child made by ``os.fork()`` a new one is started
     (the parent's threads may have held its lock at the fork).
     """
@@ -165,6 +166,9 @@ class NativeEpoch:
             record_version=dataset.manifest.format_version, schema_fingerprint=schema_fingerprint(schema),
             pool=None if settings.slots is None or self._allocator is not None else settings.slots.get())
         if settings.slots is not None and self._allocator is None:
+            # The window, the batch in use and the one a loop variable still holds: a consumer that once
+            # held a whole epoch (list(loader)) does not leave the loader holding as many buffers.
+            self._reader.pool.keep_at_most(settings.prefetch + 2)
             settings.slots.keep(self._reader.pool)
         self._views: FieldViews | None = None
         self._split = False
