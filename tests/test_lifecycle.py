@@ -170,6 +170,26 @@ def test_the_kept_buffers_are_bounded_after_a_consumer_held_a_whole_epoch(small_
     assert sorted(torch.cat([b["label"] for b in again]).tolist()) == sorted(torch.cat(labels).tolist())
 
 
+def test_two_live_passes_of_one_loader_never_share_buffers(small_dataset):
+    loader = ShardLoader(small_dataset, batch_size=4, prefetch=2, num_threads=2, pin_memory=False)
+    list(loader)  # the loader keeps this pass's buffers
+    kept = loader._slots.get()
+    first = iter(loader)
+    a = [next(first)]
+    assert first._inner._pool is kept and loader._slots.get() is None  # lent to the running pass
+    second = iter(loader)  # a new pass while the first still runs: buffers of its own
+    b = [next(second)]
+    assert second._inner._pool is not kept
+    for x, y in zip(first, second):  # interleaved to the end: no "no free batch buffer", no overwrite
+        a.append(x)
+        b.append(y)
+    a += list(first)
+    b += list(second)
+    for labels in ([x["label"] for x in a], [y["label"] for y in b]):
+        assert torch.equal(torch.cat(labels), torch.arange(103) * 7)
+    assert loader._slots.get() is not None  # given back when the passes closed
+
+
 def test_the_first_batch_does_not_wait_for_the_whole_window(small_dataset):
     loader = ShardLoader(small_dataset, batch_size=4, prefetch=8, num_threads=2, pin_memory=False)
     it = iter(loader)

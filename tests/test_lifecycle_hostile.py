@@ -180,22 +180,31 @@ def test_a_finalizer_releasing_inside_acquire_does_not_deadlock(small_dataset):
 
 def test_a_forked_child_reads_with_buffers_of_its_own(small_dataset):
     # The loader keeps its plain batch buffers (a native pool) from pass to pass. In a child
-    # made by os.fork() while the parent's workers run, that pool and its lock are the
-    # parent's: the child's passes must start their own and read every sample.
+    # made by os.fork() that pool and its lock are the parent's (a parent thread may have held
+    # the lock at the fork): the child's passes must start their own and read every sample.
     proc = run_script("""
         install_slow_reads(500)
         loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2, pin_memory=False)
-        list(loader)  # the pool is kept
-        it = iter(loader)
-        next(it)  # the parent's workers are busy with its buffers at the fork
+        list(loader)
+        kept = loader._slots.get()
+        print("parent keeps a pool:", kept is not None, flush=True)
+        other = iter(fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2))
+        next(other)  # threads of another loader are busy at the fork
         pid = os.fork()
         if pid == 0:
-            labels = sorted(x for b in loader for x in b["label"].tolist())
+            print("child sees the parent's pool:", loader._slots.get() is not None, flush=True)
+            it = iter(loader)
+            first = next(it)
+            print("child's pass took the parent's pool:", it._inner._pool is kept, flush=True)
+            labels = sorted(x for b in [first, *it] for x in b["label"].tolist())
             print("child ok" if labels == [7 * i for i in range(103)] else f"child wrong {labels}", flush=True)
             os._exit(0)
         _, status = os.waitpid(pid, 0)
-        rest = sorted(x for b in it for x in b["label"].tolist())
+        rest = sorted(x for b in other for x in b["label"].tolist())
         print("parent", len(rest), "child status", status)
     """, small_dataset, timeout=60)
     assert_clean(proc)
-    assert "child ok" in proc.stdout and "child status 0" in proc.stdout, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "parent keeps a pool: True" in out, out
+    assert "child sees the parent's pool: False" in out and "child's pass took the parent's pool: False" in out, out
+    assert "child ok" in out and "child status 0" in out, out

@@ -128,9 +128,14 @@ void BatchReader::close() noexcept {
   for (std::thread& t : workers_) {
     if (t.joinable()) t.join();
   }
-  // Workers are gone: nothing writes into the slots any more.
-  std::lock_guard<std::mutex> lock(mutex_);
-  inflight_.clear();
+  // Workers are gone: nothing writes into the slots any more. The jobs are
+  // dropped outside the lock: freeing a slot may take the GIL, which a thread
+  // reading ready() or pending() may hold while it waits for this lock.
+  std::deque<std::shared_ptr<Job>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dropped.swap(inflight_);
+  }
 }
 
 bool BatchReader::closed() const {
@@ -224,7 +229,13 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
   std::shared_ptr<Job> job = std::move(inflight_.front());
   inflight_.pop_front();
   lock.unlock();
-  if (job->error) std::rethrow_exception(job->error);
+  if (job->error) {
+    // Every chunk is done: no worker touches the slot. It goes back to the
+    // pool here, on the consumer's thread, not on whichever worker drops the
+    // job last.
+    job->slot.reset();
+    std::rethrow_exception(job->error);
+  }
   batches_.fetch_add(1, std::memory_order_relaxed);
   return CompletedBatch{std::move(job->slot), job->indices.size()};
 }

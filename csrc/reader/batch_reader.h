@@ -68,10 +68,11 @@ struct ReaderOptions {
   uint64_t max_sample_bytes = kDefaultMaxSampleBytes;  // a larger schema is refused
   uint16_t record_version = kRecordVersion;            // the manifest's format_version
   uint64_t schema_fingerprint = 0;                     // v2: what every record must carry
-  // Optional: the pool of an earlier reader over the same fields, reused when
-  // its slots are this reader's size, so that a new pass neither allocates nor
-  // page-faults its batch buffers again. A slot still viewed by the consumer
-  // returns to it when released, as with one reader.
+  // Optional: the pool of an earlier reader over the same fields (plain slots,
+  // one buffer each, as SlotPool::add makes), reused when its slots are this
+  // reader's size, so that a new pass neither allocates nor page-faults its
+  // batch buffers again. A slot still viewed by the consumer returns to it
+  // when released, as with one reader. Lend it to one reader at a time.
   std::shared_ptr<SlotPool> pool;
 };
 

@@ -65,22 +65,29 @@ class SlotPoolKeeper:
     A new pass over the same fields reuses them: it neither allocates nor page-faults
     its buffers again (with tiles, hundreds of MiB per pass). Buffers still viewed by
     batches of an earlier pass return to the pool when those tensors are dropped; the
-    pool keeps no more than ``prefetch + 2`` free ones (set by each pass). The
-    pool is this process's: in a child made by ``os.fork()`` a new one is started
-    (the parent's threads may have held its lock at the fork).
+    pool keeps no more than ``prefetch + 2`` free ones (set by each pass). The pool is
+    lent to one pass at a time (``take``, then ``give_back`` when the pass closes): two
+    live passes of one loader never share buffers. It is this process's: in a child
+    made by ``os.fork()`` a new one is started (the parent's threads may have held its
+    lock at the fork).
     """
 
     def __init__(self) -> None:
         self._pool: Any = None
         self._pid = 0
 
-    def get(self) -> Any:
-        """Return the pool kept by the last pass in this process, or None."""
-        return self._pool if self._pid == os.getpid() else None
+    def take(self, getpid: Callable[[], int] = os.getpid) -> Any:
+        """Return the pool kept in this process, or None, and keep nothing until it is given back."""
+        pool, self._pool = (self._pool if self._pid == getpid() else None), None
+        return pool
 
-    def keep(self, pool: Any) -> None:
+    def give_back(self, pool: Any, getpid: Callable[[], int] = os.getpid) -> None:  # bound now: runs in __del__
         """Keep ``pool`` for the next pass."""
-        self._pool, self._pid = pool, os.getpid()
+        self._pool, self._pid = pool, getpid()
+
+    def get(self, getpid: Callable[[], int] = os.getpid) -> Any:
+        """Return the pool kept in this process (without taking it), or None."""
+        return self._pool if self._pid == getpid() else None
 
 
 # Open shard sets of this process, shared by every loader over the same unchanged files, so each shard
@@ -157,6 +164,9 @@ class NativeEpoch:
         self._buffers: deque[list[torch.Tensor]] = deque()  # single-use buffers of submitted batches, in order
         self._pid = os.getpid()
         self._reader: Any = None  # set first: __del__ runs even when the constructor below raises
+        # Plain buffers: the loader's kept pool is lent to this pass and given back by close().
+        self._slots = settings.slots if self._allocator is None else None
+        self._pool: Any = self._slots.take() if self._slots is not None else None
         self._reader = _native.BatchReader(
             shards, [f.native_spec for f in schema],
             [specs[f.name][0] if f.name in specs else f.np_dtype for f in schema],
@@ -164,12 +174,12 @@ class NativeEpoch:
             [f.name in wanted for f in schema], batch_size, settings.num_threads, settings.verify_checksums,
             steps, num_params, max_sample_bytes=max_sample_bytes(),
             record_version=dataset.manifest.format_version, schema_fingerprint=schema_fingerprint(schema),
-            pool=None if settings.slots is None or self._allocator is not None else settings.slots.get())
-        if settings.slots is not None and self._allocator is None:
+            pool=self._pool)
+        if self._slots is not None:
+            self._pool = self._reader.pool  # the lent one, or a new one when its buffers are of another size
             # The window, the batch in use and the one a loop variable still holds: a consumer that once
             # held a whole epoch (list(loader)) does not leave the loader holding as many buffers.
-            self._reader.pool.keep_at_most(settings.prefetch + 2)
-            settings.slots.keep(self._reader.pool)
+            self._pool.keep_at_most(settings.prefetch + 2)
         self._views: FieldViews | None = None
         self._split = False
         if self._allocator is not None:
@@ -285,6 +295,10 @@ class NativeEpoch:
             if reader is not None:
                 reader.close()
             self._buffers.clear()
+            pool, self._pool = getattr(self, "_pool", None), None
+            slots = getattr(self, "_slots", None)
+            if pool is not None and slots is not None:  # threads joined: the next pass may take it
+                slots.give_back(pool)
 
     def __del__(self) -> None:
         self.close()
