@@ -76,9 +76,9 @@ class SlotPoolKeeper:
         self._pool: Any = None
         self._pid = 0
 
-    def take(self, getpid: Callable[[], int] = os.getpid) -> Any:
+    def take(self) -> Any:
         """Return the pool kept in this process, or None, and keep nothing until it is given back."""
-        pool, self._pool = (self._pool if self._pid == getpid() else None), None
+        pool, self._pool = self.get(), None
         return pool
 
     def give_back(self, pool: Any, getpid: Callable[[], int] = os.getpid) -> None:  # bound now: runs in __del__
