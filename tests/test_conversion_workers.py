@@ -1,137 +1,96 @@
-"""The worker processes of a conversion: an early stop kills them instead of waiting for them.
+"""The worker processes of a conversion: an early stop kills stuck workers instead of waiting for them.
 
 A worker stuck in a task (a dataset that blocks, a lock inherited through the
 fork) must not hang the caller once it has stopped for another reason: an
 error in another sample, Ctrl-C, the generator closed. Each case runs in a
-subprocess with a timeout: the failure guarded against is a hang. The grace
-given to running tasks is cut to 1 s there (``STOP_GRACE_S``).
+subprocess in a session of its own: the failure guarded against is a hang,
+and whatever is left of the session is killed afterwards. The grace given to
+running tasks is cut to 1 s there (``STOP_GRACE_S``); a stuck subprocess
+prints its stacks and exits after 100 s (faulthandler).
 """
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the workers are forked")
+pytestmark = pytest.mark.skipif(multiprocessing.get_context().get_start_method() != "fork",
+                                reason="the scripts' tasks and datasets reach the workers by fork")
 
 STUCK = 3600  # seconds a stuck task sleeps: far past every timeout here
+TIMEOUT = 120
+# SIGINT gets Python's handler even where the test run ignores it (a background job).
 PRELUDE = """\
-import multiprocessing, os, signal, sys, time
+import faulthandler, multiprocessing, os, signal, sys, time
+faulthandler.dump_traceback_later(100, exit=True)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import numpy as np
-import torch
 import fastload
 from fastload.conversion import _convert, _parallel
 _convert.CHUNK_BYTES = 30 * 3 * 16 * 16  # about 30 samples per task
 _parallel.STOP_GRACE_S = 1.0
-"""
+
+def stuck(i):  # blocks SIGINT, as a worker stuck in native code or deadlocked would not see it
+    print("stuck", i, flush=True)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    time.sleep(STUCK_S)
+
+class Tiles:  # a map-style dataset
+    def __init__(self, stuck_at=(), fail_at=None):
+        self.stuck_at, self.fail_at = stuck_at, fail_at
+
+    def __len__(self):
+        return 300
+
+    def __getitem__(self, i):
+        if i in self.stuck_at:
+            stuck(i)
+        if i == self.fail_at:
+            raise OSError(f"disk gone at {i}")
+        return np.full((3, 16, 16), i % 256, dtype=np.uint8), i % 5
+""".replace("STUCK_S", str(STUCK))
 
 
-def run_script(body: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``body`` in a new session; on a timeout, kill the whole session (stuck workers included) and fail."""
-    code = PRELUDE + textwrap.dedent(body)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+def start(body: str) -> subprocess.Popen:
+    """Start ``PRELUDE`` + ``body`` in a session of its own."""
+    return subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = TIMEOUT) -> tuple[str, str, list[int]]:
+    """Wait for ``proc``; return its output and the processes of its session still alive, then kill them."""
     try:
         out, err = proc.communicate(timeout=timeout)
-    finally:
+        left = live_processes_of_session(proc.pid)
+    except subprocess.TimeoutExpired:
         kill_session(proc)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        out, err = proc.communicate()
+        pytest.fail(f"still running after {timeout} s\n{out}\n{err}")
+    kill_session(proc)
+    return out, err, left
+
+
+def wait_for_lines(proc: subprocess.Popen, prefix: str, count: int) -> None:
+    """Read ``proc``'s stdout until ``count`` lines start with ``prefix`` (a stuck script exits at 100 s)."""
+    assert proc.stdout is not None
+    seen = 0
+    while seen < count:
+        line = proc.stdout.readline()
+        assert line, f"the script ended before {count} lines '{prefix}...': {proc.communicate()}"
+        seen += line.startswith(prefix)
 
 
 def kill_session(proc: subprocess.Popen) -> None:
-    """Kill what is left of ``proc``'s session (it leads one) so that no stuck worker outlives the test."""
+    """Kill what is left of ``proc``'s session (it leads one), so that no stuck worker outlives the test."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:  # none left
         pass
     proc.wait()
-
-
-def test_closing_the_map_early_kills_a_worker_stuck_in_a_task():
-    proc = run_script(f"""
-        from fastload.conversion._parallel import ordered_map
-
-        def task(i):
-            if i == 1:
-                time.sleep({STUCK})
-            return os.getpid()
-
-        outcomes = ordered_map(task, [(i,) for i in range(6)], 2)
-        pid, error = next(outcomes)
-        assert error is None and pid != os.getpid()
-        outcomes.close()  # task 1 is still sleeping in the other worker
-        print("workers left:", len(multiprocessing.active_children()), flush=True)
-    """)
-    assert proc.returncode == 0, proc.stderr
-    assert "workers left: 0" in proc.stdout, proc.stdout
-
-
-def test_an_error_in_one_sample_does_not_wait_for_a_stuck_worker(tmp_path):
-    proc = run_script(f"""
-        from fastload.conversion._dataset_writer import PreprocessError
-
-        class Tiles(torch.utils.data.Dataset):
-            def __len__(self):
-                return 300
-
-            def __getitem__(self, i):
-                if i == 40:
-                    time.sleep({STUCK})
-                if i == 20:
-                    raise OSError(f"disk gone at {{i}}")
-                return np.full((3, 16, 16), i % 256, dtype=np.uint8), i % 5
-
-        try:
-            fastload.write_dataset(Tiles(), {str(tmp_path / "out")!r}, samples_per_shard=64, workers=2,
-                                   names=("image", "label"), progress=False)
-        except PreprocessError as err:
-            print("error:", err, flush=True)
-        print("workers left:", len(multiprocessing.active_children()), flush=True)
-    """)
-    assert proc.returncode == 0, proc.stderr
-    assert "disk gone at 20" in proc.stdout and "workers left: 0" in proc.stdout, proc.stdout + proc.stderr
-    assert not (tmp_path / "out" / "manifest.json").exists()
-
-
-def test_ctrl_c_stops_a_conversion_whose_workers_are_stuck(tmp_path):
-    # Ctrl-C reaches the whole foreground process group: the parent and its workers. Both workers
-    # get stuck (samples 40 and 70, in the second and third task) with SIGINT blocked, as workers
-    # stuck in native code or deadlocked would not see it. (With one worker idle, its death at
-    # Ctrl-C already made ProcessPoolExecutor stop the other.)
-    script = PRELUDE + textwrap.dedent(f"""
-        class Tiles(torch.utils.data.Dataset):
-            def __len__(self):
-                return 300
-
-            def __getitem__(self, i):
-                if i == 0:
-                    print("started", flush=True)
-                if i in (40, 70):
-                    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGINT}})
-                    time.sleep({STUCK})
-                return np.full((3, 16, 16), i % 256, dtype=np.uint8), i % 5
-
-        fastload.write_dataset(Tiles(), {str(tmp_path / "out")!r}, samples_per_shard=64, workers=2,
-                               names=("image", "label"), progress=False)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "started"
-        time.sleep(1)  # both workers are asleep by now (any moment must do)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-        left = live_processes_of_session(proc.pid)
-    finally:
-        kill_session(proc)
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
-    assert not (tmp_path / "out" / "manifest.json").exists()
-    assert left == [], f"processes of the conversion still running: {left}"
 
 
 def live_processes_of_session(sid: int) -> list[int]:
@@ -149,3 +108,100 @@ def live_processes_of_session(sid: int) -> list[int]:
         if int(session) == sid and state != "Z":
             found.append(int(entry))
     return found
+
+
+def test_closing_the_map_early_kills_a_worker_stuck_in_a_task():
+    proc = start("""
+        def task(i):
+            if i == 1:
+                stuck(i)
+            return os.getpid()
+
+        outcomes = _parallel.ordered_map(task, [(i,) for i in range(6)], 2)
+        pid, error = next(outcomes)
+        assert error is None and pid != os.getpid()
+        outcomes.close()  # task 1 is still running in the other worker
+        print("workers left:", len(multiprocessing.active_children()), flush=True)
+    """)
+    out, err, left = finish(proc)
+    assert proc.returncode == 0 and "workers left: 0" in out, out + err
+    assert left == []
+
+
+def test_workers_killed_while_sending_results_do_not_hang_the_stop():
+    # With no grace at all, the kill lands while a worker writes a 16 MB result into the result
+    # pipe: the executor's thread is left reading half a message (it hung 4 times in 20 before
+    # this process closed its own end of that pipe). Twelve rounds make that likely.
+    proc = start("""
+        _parallel.STOP_GRACE_S = 0.0
+
+        def task(i):
+            if i == 1:
+                stuck(i)
+            return bytes(16 << 20) if i else b""
+
+        for round in range(12):
+            outcomes = _parallel.ordered_map(task, [(i,) for i in range(8)], 2)
+            next(outcomes)
+            time.sleep(0.01 * round)  # the kill lands at another point of the sends each round
+            outcomes.close()
+        print("workers left:", len(multiprocessing.active_children()), flush=True)
+    """)
+    out, err, left = finish(proc)
+    assert proc.returncode == 0 and "workers left: 0" in out, out + err
+    assert left == []
+
+
+def test_an_error_in_one_sample_does_not_wait_for_a_stuck_worker(tmp_path):
+    proc = start(f"""
+        from fastload.conversion._dataset_writer import PreprocessError
+        try:
+            fastload.write_dataset(Tiles(stuck_at=(40,), fail_at=20), {str(tmp_path / "out")!r}, samples_per_shard=64,
+                                   workers=2, names=("image", "label"), progress=False)
+        except PreprocessError as err:
+            print("error:", err, flush=True)
+        print("workers left:", len(multiprocessing.active_children()), flush=True)
+    """)
+    out, err, left = finish(proc)
+    assert proc.returncode == 0, out + err
+    assert "disk gone at 20" in out and "workers left: 0" in out, out + err
+    assert left == []
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("to", ["process group", "parent only"])
+def test_ctrl_c_while_waiting_on_a_stuck_task(to):
+    # The consumer waits on task 0, stuck; the other worker is busy with ordinary tasks. Ctrl-C in a
+    # terminal reaches the whole process group; an IDE's or Jupyter's interrupt only the parent.
+    proc = start("""
+        def task(i):
+            if i == 0:
+                stuck(i)
+            time.sleep(0.05)
+            return i
+
+        for _ in _parallel.ordered_map(task, [(i,) for i in range(10_000)], 2):
+            pass
+    """)
+    wait_for_lines(proc, "stuck", 1)
+    if to == "parent only":
+        os.kill(proc.pid, signal.SIGINT)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+    _, err, left = finish(proc)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err and "Timeout" not in err, err
+    assert left == [], f"processes still running: {left}"
+
+
+def test_ctrl_c_stops_a_conversion_whose_workers_are_stuck(tmp_path):
+    # Both workers stuck (samples 40 and 70, in the second and third task), SIGINT blocked.
+    proc = start(f"""
+        fastload.write_dataset(Tiles(stuck_at=(40, 70)), {str(tmp_path / "out")!r}, samples_per_shard=64, workers=2,
+                               names=("image", "label"), progress=False)
+    """)
+    wait_for_lines(proc, "stuck", 2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err, left = finish(proc)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err and "Timeout" not in err, err
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert left == [], f"processes still running: {left}"

@@ -253,11 +253,13 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         if pending is not None:
             pending.result()
     finally:
-        close = getattr(outcomes, "close", None)
-        if close is not None:
-            close()  # shuts the worker pool down now, also on an error
-        writer.shutdown(wait=True)  # a shard already being written finishes and stays journaled
-        bar.close()
+        try:
+            close = getattr(outcomes, "close", None)
+            if close is not None:
+                close()  # shuts the worker pool down now, also on an error (a second Ctrl-C may end it)
+        finally:
+            writer.shutdown(wait=True)  # a shard already being written finishes and stays journaled
+            bar.close()
 
     skipped_paths = {s["path"] for s in journal.skipped}
     extra = {**job.extra}
