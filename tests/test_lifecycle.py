@@ -2,6 +2,7 @@
 
 import _thread
 import gc
+import signal
 import threading
 import time
 
@@ -60,7 +61,15 @@ def test_exception_in_the_loop_joins_threads(small_dataset, baseline_threads, sl
     assert thread_count() == baseline_threads
 
 
-def test_ctrl_c_while_waiting_interrupts_promptly(small_dataset, baseline_threads, slow_reads):
+@pytest.fixture
+def sigint_handled():
+    """Give the test Python's Ctrl-C handler: interrupt_main() does nothing where SIGINT is ignored (background job)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_while_waiting_interrupts_promptly(small_dataset, baseline_threads, slow_reads, sigint_handled):
     loader = slow_loader(small_dataset, slow_reads, delay_us=200_000)  # 0.8 s per batch of 4 on 2 threads
     timer = threading.Timer(0.2, _thread.interrupt_main)
     start = time.monotonic()
