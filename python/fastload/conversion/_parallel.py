@@ -4,15 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-
-# Seconds an early stop gives the tasks already running before it kills every
-# worker. Results are discarded after a stop, so this is not about losing
-# work: a task still running this long after the stop is taken to be stuck.
-STOP_GRACE_S = 5.0
 
 
 def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
@@ -23,11 +18,10 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
     With ``workers <= 1`` everything runs in this process. Otherwise at most
     ``4 * workers`` tasks are in flight, so memory stays bounded however many
     inputs there are. When the consumer stops early (an error, Ctrl-C, the
-    generator closed) the tasks not yet queued to a worker are cancelled, the
-    others get ``STOP_GRACE_S`` to end, and if any is still running then
-    every worker is killed: a worker stuck in a task (a dataset that blocks, a
-    lock inherited through the fork) must not hang the caller. A worker that
-    dies shows as ``BrokenProcessPool`` at every task not yet done.
+    generator closed) the workers are killed at once: they only compute, what
+    they would still return is not wanted, and one stuck in a task (a dataset
+    that blocks, a lock inherited through the fork) must not hang the caller.
+    A worker that dies shows as ``BrokenProcessPool`` at every task not done.
     ``initializer(*initargs)`` runs once in each worker process (once in this
     process when ``workers <= 1``), e.g. to hand every worker a dataset once
     rather than with every task.
@@ -49,9 +43,9 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
         for args in arg_tuples:
             pending.append(executor.submit(fn, *args))
             if len(pending) >= window:
-                yield _next_outcome(pending)
+                yield _outcome(pending.popleft())
         while pending:
-            yield _next_outcome(pending)
+            yield _outcome(pending.popleft())
         finished = True
     finally:
         try:
@@ -61,26 +55,16 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
             executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _next_outcome(pending: deque[Future[T]]) -> tuple[T | None, BaseException | None]:
-    """Return the oldest task's outcome; the task stays in ``pending`` while waited on (Ctrl-C may come then)."""
-    outcome = _outcome(pending[0])
-    pending.popleft()
-    return outcome
-
-
 def _stop_early(executor: ProcessPoolExecutor, pending: Iterable[Future[Any]]) -> None:
-    """Cancel the tasks not queued yet; kill every worker if the others outlast ``STOP_GRACE_S``.
+    """Cancel the tasks not queued yet and kill the workers.
 
-    Also kills when the pool is broken (a worker died: the executor then
-    SIGTERMs the others and joins them, which a stuck worker that handles
-    SIGTERM would block), and at once on a second Ctrl-C while waiting.
+    Whatever the consumer knew of (``pending``) is not relied on: Ctrl-C may
+    come inside ``submit`` before its future is recorded, so every worker is
+    killed, busy or not.
     """
-    not_done = {future for future in pending if not future.cancel()}  # cancel() fails once queued or done
-    try:
-        not_done = wait(not_done, timeout=STOP_GRACE_S).not_done
-    finally:
-        if not_done or getattr(executor, "_broken", False):
-            _kill_workers(executor)
+    for future in pending:
+        future.cancel()
+    _kill_workers(executor)
 
 
 def _kill_workers(executor: ProcessPoolExecutor) -> None:
