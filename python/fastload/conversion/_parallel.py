@@ -18,9 +18,11 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
     With ``workers <= 1`` everything runs in this process. Otherwise at most
     ``4 * workers`` tasks are in flight, so memory stays bounded however many
     inputs there are. When the consumer stops early (an error, Ctrl-C, the
-    generator closed) the workers are killed at once: they only compute, what
-    they would still return is not wanted, and one stuck in a task (a dataset
-    that blocks, a lock inherited through the fork) must not hang the caller.
+    generator closed) the workers are killed at once, busy or not (Ctrl-C may
+    come inside ``submit``, before its future is recorded): they only compute,
+    what they would still return is not wanted, and one stuck in a task (a
+    dataset that blocks, a lock inherited through the fork) must not hang the
+    caller.
     A worker that dies shows as ``BrokenProcessPool`` at every task not done.
     ``initializer(*initargs)`` runs once in each worker process (once in this
     process when ``workers <= 1``), e.g. to hand every worker a dataset once
@@ -50,21 +52,11 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
     finally:
         try:
             if not finished:
-                _stop_early(executor, pending)
+                # Not cancelling futures here: the executor's thread fails every pending one once it
+                # sees a worker gone, and raises on one cancelled meanwhile (InvalidStateError).
+                _kill_workers(executor)
         finally:
             executor.shutdown(wait=True, cancel_futures=True)
-
-
-def _stop_early(executor: ProcessPoolExecutor, pending: Iterable[Future[Any]]) -> None:
-    """Cancel the tasks not queued yet and kill the workers.
-
-    Whatever the consumer knew of (``pending``) is not relied on: Ctrl-C may
-    come inside ``submit`` before its future is recorded, so every worker is
-    killed, busy or not.
-    """
-    for future in pending:
-        future.cancel()
-    _kill_workers(executor)
 
 
 def _kill_workers(executor: ProcessPoolExecutor) -> None:
