@@ -22,8 +22,8 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
     come inside ``submit``, before its future is recorded): they only compute,
     what they would still return is not wanted, and one stuck in a task (a
     dataset that blocks, a lock inherited through the fork) must not hang the
-    caller.
-    A worker that dies shows as ``BrokenProcessPool`` at every task not done.
+    caller. A worker that dies shows as ``BrokenProcessPool`` at every task
+    not done.
     ``initializer(*initargs)`` runs once in each worker process (once in this
     process when ``workers <= 1``), e.g. to hand every worker a dataset once
     rather than with every task.
