@@ -115,7 +115,7 @@ def test_hostile_values_are_dataset_errors(dataset, case):
 RAW_CASES = {
     "duplicate shards key": (lambda text: text.rstrip()[:-1] + ', "shards": []}', r"duplicate key 'shards'"),
     "NaN": (lambda text: text.replace('"total": 12', '"total": NaN'), r"NaN is not a JSON number"),
-    "1e400": (lambda text: text.replace('"total": 12', '"total": 1e400'), r"total: inf is not an integer"),
+    "1e400": (lambda text: text.replace('"total": 12', '"total": 1e400'), r"1e400 is not a finite number"),
     "huge int": (lambda text: text.replace('"total": 12', '"total": ' + "9" * 5000), r"an integer of 5000 digits"),
     "100000 levels of nesting": (lambda text: text.rstrip()[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
                                  r"nested deeper than 64 levels"),

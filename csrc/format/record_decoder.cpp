@@ -102,7 +102,10 @@ RecordDecoder::RecordDecoder(std::vector<FieldSpec> fields, const DecoderOptions
       version_(options.record_version),
       fingerprint_(options.schema_fingerprint) {
   if (version_ != 1 && version_ != 2) throw FastloadError("unknown record version " + std::to_string(version_));
-  if (fields_.size() > UINT16_MAX) throw FastloadError("schema: more than 65535 fields");
+  if (fields_.empty() || fields_.size() > kMaxFields) {
+    throw FastloadError("schema: " + std::to_string(fields_.size()) + " fields; a schema has 1 to " +
+                        std::to_string(kMaxFields));
+  }
   for (size_t f = 0; f < fields_.size(); ++f) {
     const FieldSpec& spec = fields_[f];
     if (spec.itemsize == 0 || spec.decoded_bytes % spec.itemsize != 0) {

@@ -40,6 +40,9 @@ constexpr uint16_t kRecordVersion = 2;            // what writers write; readers
 constexpr size_t kRecordHeaderBytesV1 = 8;        // magic, version, field count
 constexpr size_t kRecordHeaderBytes = 24;         // v2 adds the key and the schema fingerprint
 constexpr size_t kFieldEntryBytes = 24;
+// Fields per schema (python/fastload/format/_record.py MAX_FIELDS): the header's count is
+// 16-bit, but a real schema has a few dozen fields, and each costs work and a buffer per batch.
+constexpr size_t kMaxFields = 1024;
 constexpr uint64_t kAnyKey = UINT64_MAX;          // decode() without a key to check
 
 // What the schema says one field of every record holds.

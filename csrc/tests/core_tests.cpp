@@ -138,6 +138,10 @@ void test_schema_sizes_are_checked() {
   CHECK(schema_refused({FieldSpec{Codec::kRaw, 1, 600}, FieldSpec{Codec::kRaw, 1, 600}}, 1000));
   CHECK(schema_refused({FieldSpec{Codec::kRaw, 4, 6}}, 1000));
   CHECK(!schema_refused({FieldSpec{Codec::kRaw, 1, 500}, FieldSpec{Codec::kRaw, 1, 500}}, 1000));
+  // The field count is bounded (kMaxFields), not only by the header's 16 bits.
+  CHECK(schema_refused({}, kDefaultMaxSampleBytes));
+  CHECK(!schema_refused(std::vector<FieldSpec>(kMaxFields, FieldSpec{Codec::kRaw, 1, 1}), kDefaultMaxSampleBytes));
+  CHECK(schema_refused(std::vector<FieldSpec>(kMaxFields + 1, FieldSpec{Codec::kRaw, 1, 1}), kDefaultMaxSampleBytes));
   uint64_t out = 0;
   CHECK(!checked_mul<uint64_t>(16, uint64_t{1} << 60, &out));
   CHECK(checked_mul<uint64_t>(16, uint64_t{1} << 59, &out) && out == uint64_t{1} << 63);

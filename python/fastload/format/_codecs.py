@@ -24,6 +24,10 @@ PNG_LEVEL = 6  # zlib level of PNG's deflate stream
 JPEG_QUALITY = 90
 JPEG_SUBSAMPLING = ("444", "422", "420")  # chroma subsampling of 3-channel JPEGs
 JPEG_DEFAULT_SUBSAMPLING = "420"
+# The codec_options each codec takes; ``layout`` is every field's (raw fields of 3-D images record it too).
+OPTION_KEYS = {"raw": ("layout",), "zstd": ("layout", "level"), "zstd-shuffle": ("layout", "level"),
+               "lz4": ("layout", "level"), "lz4-shuffle": ("layout", "level"), "png": ("layout", "level"),
+               "jpeg": ("layout", "quality", "subsampling")}
 
 
 class PayloadError(Exception):
@@ -110,7 +114,11 @@ def default_options(codec: str, level: int | None = None, layout: str | None = N
 
 
 def options_problem(codec: str, options: Mapping[str, Any]) -> str | None:
-    """Return what is wrong with ``codec``'s options (a name and value out of range), or None."""
+    """Return what is wrong with ``codec``'s options (an unknown name, a value out of range), or None."""
+    known = OPTION_KEYS.get(codec, ())
+    unknown = sorted(str(k) for k in options if k not in known)
+    if unknown:
+        return f"unknown option {unknown[0][:40]!r} for codec {codec!r}; it takes {', '.join(known)}"
     level = options.get("level")
     if level is not None and (not isinstance(level, int) or isinstance(level, bool)):
         return f"level {level!r} is not an integer"

@@ -5,7 +5,10 @@ and the key (``manifest.json: shards[2].count: ...``), never an OSError,
 TypeError, OverflowError or RecursionError from further down. The bounds:
 
 - the file is a regular file of at most ``MAX_MANIFEST_BYTES``, UTF-8 JSON with
-  no duplicate keys, no NaN/Infinity and at most ``MAX_DEPTH`` levels of nesting;
+  no duplicate keys, no NaN/Infinity (nor numbers that overflow to it) and at
+  most ``MAX_DEPTH`` levels of nesting, read at a cost linear in its size
+  (``_strict_json.py``);
+- a schema has 1 to ``MAX_FIELDS`` fields;
 - integers are JSON integers (not booleans, not floats such as ``1e400``) in
   range: counts in [1, 2**63), sizes in [1, 2**63), dimensions in [0, 2**63);
 - names are 1 to ``MAX_NAME_CHARS`` printable characters, unique per schema;
@@ -18,27 +21,27 @@ TypeError, OverflowError or RecursionError from further down. The bounds:
 
 from __future__ import annotations
 
-import json
 import re
+import reprlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import DatasetError
 from ._codecs import CODECS, codec_problem, options_problem
 from ._dtypes import NUMPY_DTYPES
-from ._record import READABLE_FORMAT_VERSIONS
+from ._record import MAX_FIELDS, READABLE_FORMAT_VERSIONS
+from ._strict_json import MAX_DEPTH, JsonProblem, load_strict
 
+# 256 MiB: a preprocess_tiles run over ImageNet's 1.28 million training images writes a
+# 126 MB manifest (98 bytes per source image), 100,000 shards take 14 MB (136 bytes each).
 MAX_MANIFEST_BYTES = 256 << 20
-MAX_DEPTH = 64
 MAX_NAME_CHARS = 128
-MAX_FIELDS = 65535  # the record header's field count is 16-bit
 MAX_DIMS = 32
 LIMIT = 2**63  # every count, size and dimension is below it (the core's sizes are 64-bit)
 _HASH = re.compile(r"xxh3-128:[0-9a-f]{32}")
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 40
 _FIELD_KEYS = {"name", "dtype", "shape", "codec", "codec_options"}
 _SHARD_KEYS = {"file", "count", "bytes", "hash"}
 
@@ -48,61 +51,19 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.lmdb"
 
 
-class _Invalid(Exception):
-    """A problem at a key; read_manifest adds the file."""
+_Invalid = JsonProblem  # a problem at a key; read_manifest adds the file
 
-    def __init__(self, where: str, problem: str) -> None:
-        super().__init__(f"{where}: {problem}" if where else problem)
+__all__ = ["MAX_DEPTH", "MAX_FIELDS", "MAX_MANIFEST_BYTES", "read_manifest", "shard_name", "validate"]
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """Read, parse and validate the manifest at ``path``; return its JSON object."""
+    doc = load_strict(path, MAX_MANIFEST_BYTES, "manifest")  # size, depth, duplicates, NaN: DatasetError
     try:
-        if not path.is_file():
-            raise DatasetError(f"{path}: the manifest is not a regular file")
-        with open(path, "rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-    except OSError as err:
-        raise DatasetError(f"{path}: unreadable manifest: {err}") from None
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise DatasetError(f"{path}: the manifest is larger than {MAX_MANIFEST_BYTES} bytes")
-    try:
-        _check_depth(raw)
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant,
-                         parse_int=_bounded_int)
         validate(doc)
     except _Invalid as err:
         raise DatasetError(f"{path}: invalid manifest: {err}") from None
-    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise DatasetError(f"{path}: unreadable manifest: {err}") from None
     return doc
-
-
-def _check_depth(raw: bytes) -> None:
-    codes = np.frombuffer(_STRING.sub(b'""', raw), dtype=np.uint8)
-    steps = (np.isin(codes, (ord("["), ord("{"))).astype(np.int64)
-             - np.isin(codes, (ord("]"), ord("}"))).astype(np.int64))
-    if steps.size and int(np.cumsum(steps).max()) > MAX_DEPTH:
-        raise _Invalid("", f"nested deeper than {MAX_DEPTH} levels")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Invalid("", f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 40:
-        raise _Invalid("", f"an integer of {len(text)} digits")
-    return int(text)
-
-
-def _no_constant(name: str) -> Any:
-    raise _Invalid("", f"{name} is not a JSON number")
 
 
 def _int(value: Any, where: str, lo: int, hi: int = LIMIT) -> int:
@@ -120,7 +81,7 @@ def _str(value: Any, where: str) -> str:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
+    text = _SHOW.repr(value)  # bounded: never a copy of a long string or list
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -39,6 +39,9 @@ READABLE_FORMAT_VERSIONS = (1, 2)
 RECORD_MAGIC = b"FLRC"
 RECORD_VERSION = 2  # a dataset's records have its manifest's format_version
 DEFAULT_ZSTD_LEVEL = 3
+# Fields per schema. The record header's count is 16-bit, but no real schema needs more than a few
+# dozen fields, and each costs every reader work and buffers per batch: 1024 leaves a wide margin.
+MAX_FIELDS = 1024
 
 MAX_SAMPLE_BYTES_ENV = "FASTLOAD_MAX_SAMPLE_BYTES"
 DEFAULT_MAX_SAMPLE_BYTES = 2 << 30  # 2 GiB: one sample's decoded bytes, all fields together
@@ -197,6 +200,8 @@ class RecordEncoder:
         if version not in READABLE_FORMAT_VERSIONS:
             raise ValueError(f"record version {version} is not one of {READABLE_FORMAT_VERSIONS}")
         self.fields = list(fields)
+        if not 1 <= len(self.fields) <= MAX_FIELDS:
+            raise SchemaMismatchError(f"a schema of {len(self.fields)} fields; a schema has 1 to {MAX_FIELDS}")
         self.version = version
         self._prefix = record_prefix(self.fields, 0, version)
         self._compressors = {
