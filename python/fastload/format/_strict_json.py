@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,10 @@ def load_strict(path: Path, max_bytes: int, noun: str) -> Any:
         if not path.is_file():
             raise DatasetError(f"{path}: the {noun} is not a regular file")
         with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
+            want = min(os.fstat(f.fileno()).st_size, max_bytes) + 1  # a buffer of the file's size, not the bound's
+            raw = f.read(want)
+            if len(raw) == want <= max_bytes:  # grew since fstat
+                raw += f.read(max_bytes + 1 - want)
     except OSError as err:
         raise DatasetError(f"{path}: unreadable {noun}: {err}") from None
     if len(raw) > max_bytes:

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except FastloadError as err:
         print(f"fastload: error: {err}", file=sys.stderr)
         return 1
+    except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
+        print(f"fastload: error: {args.directory}: info stopped: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -61,6 +64,9 @@ def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bo
         splits = split_dirs(directory)
     except FastloadError as err:
         print(err)
+        return 1
+    except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
+        print(f"{directory}: verify stopped: {type(err).__name__}: {err}")
         return 1
     targets = {directory: Path(directory)} if splits is None else {f"{directory} [{n}]": d for n, d in splits.items()}
     total = VerifyReport()
