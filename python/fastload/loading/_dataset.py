@@ -26,7 +26,6 @@ from ..format._record import (
     decode_record,
     decode_record_into,
     record_layout,
-    schema_fingerprint,
 )
 from ..format._shard_files import check_shard_files, record_key
 from ..format._splits import resolve_dataset_path
@@ -105,7 +104,7 @@ class ShardDataset(torch.utils.data.Dataset):
         self.fields = select_fields(self.manifest.fields, fields)
         self.verify_checksums = verify_checksums
         self._wanted = [f in self.fields for f in self.manifest.fields]
-        self._fingerprint = schema_fingerprint(self.manifest.fields)
+        self._fingerprints = self.manifest.record_fingerprints()  # v3: each shard's binding to this dataset
         self._starts = [0]
         for shard in self.manifest.shards:
             self._starts.append(self._starts[-1] + shard.count)
@@ -148,7 +147,8 @@ class ShardDataset(torch.utils.data.Dataset):
                     raise CorruptRecordError(str(path), key, "key not found in the shard")
                 try:
                     arrays = decode_record(raw, self.manifest.fields, self.verify_checksums, key=key,
-                                           version=self.manifest.format_version, fingerprint=self._fingerprint)
+                                           version=self.manifest.format_version,
+                                           fingerprint=self._fingerprints[shard])
                 except RecordDecodeError as err:
                     raise CorruptRecordError(str(path), key, str(err)) from None
         except lmdb.Error as err:  # damage to the shard's B-tree, as LMDB reports it
@@ -190,7 +190,7 @@ class ShardDataset(torch.utils.data.Dataset):
                                 raise RecordDecodeError("key not found in the shard")
                             decode_record_into(raw, schema, [r[position] if r is not None else None for r in rows],
                                                verify, layout, key=key, version=version,
-                                               fingerprint=self._fingerprint)
+                                               fingerprint=self._fingerprints[shard])
                         except RecordDecodeError as err:
                             raise CorruptRecordError(str(path), key, str(err)) from None
             except lmdb.Error as err:  # damage to the shard's B-tree, as LMDB reports it
