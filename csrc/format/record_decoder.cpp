@@ -213,8 +213,8 @@ void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* des
                         ", the manifest's schema has " + hex64(expected) + ")");
     }
     if (fingerprint != expected) {
-      throw DecodeError("record bound to another dataset, shard position or schema (binding " + hex64(fingerprint) +
-                        ", this shard of this dataset expects " + hex64(expected) +
+      throw DecodeError("written under another schema, for another dataset or for another shard position (binding " +
+                        hex64(fingerprint) + ", this shard of this dataset expects " + hex64(expected) +
                         "): a shard moved, copied from another dataset or rewritten while open");
     }
   }

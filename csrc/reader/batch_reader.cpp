@@ -78,17 +78,6 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
   decoder_options_ =
       DecoderOptions{verify_, options.max_sample_bytes, options.record_version, options.schema_fingerprint};
   const RecordDecoder schema_check(fields_, decoder_options_);
-  fingerprints_ = std::move(options.shard_fingerprints);
-  if (options.record_version >= 3 && fingerprints_.size() != shards_->size()) {
-    throw FastloadError("BatchReader: format 3 records need one binding fingerprint per shard (" +
-                        std::to_string(shards_->size()) + " shards, " + std::to_string(fingerprints_.size()) +
-                        " fingerprints)");
-  }
-  if (fingerprints_.empty()) fingerprints_.assign(shards_->size(), options.schema_fingerprint);
-  if (fingerprints_.size() != shards_->size()) {
-    throw FastloadError("BatchReader: " + std::to_string(fingerprints_.size()) + " shard fingerprints for " +
-                        std::to_string(shards_->size()) + " shards");
-  }
   const std::string what = "BatchReader: batch slot of " + std::to_string(capacity_) + " samples";
   // Every field's batch size (field_bytes(f), decoded or not) fits in size_t.
   static_cast<void>(mul_or_raise<FastloadError>(capacity_, static_cast<size_t>(schema_check.sample_bytes()), what));
@@ -104,6 +93,17 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
   if (slot_bytes_ > physical_memory_bytes()) {
     throw FastloadError(what + " needs " + std::to_string(slot_bytes_) + " bytes, more than this machine's memory (" +
                         std::to_string(physical_memory_bytes()) + " bytes)");
+  }
+  fingerprints_ = std::move(options.shard_fingerprints);
+  if (options.record_version >= 3 && fingerprints_.size() != shards_->size()) {
+    throw FastloadError("BatchReader: format 3 records need one binding fingerprint per shard (" +
+                        std::to_string(shards_->size()) + " shards, " + std::to_string(fingerprints_.size()) +
+                        " fingerprints)");
+  }
+  if (fingerprints_.empty()) fingerprints_.assign(shards_->size(), options.schema_fingerprint);
+  if (fingerprints_.size() != shards_->size()) {
+    throw FastloadError("BatchReader: " + std::to_string(fingerprints_.size()) + " shard fingerprints for " +
+                        std::to_string(shards_->size()) + " shards");
   }
   // Enough chunks per batch that every thread has several to take, but no
   // chunk under kMinChunkBytes of output: with many threads and small

@@ -394,9 +394,9 @@ def decode_record_into(record: bytes | memoryview, fields: Sequence[Field], out:
 def _fingerprint_mismatch(version: int, own: int, expected: int) -> str:
     if version == 2:
         return f"written under another schema (fingerprint {own:016x}, the manifest's schema has {expected:016x})"
-    return (f"record bound to another dataset, shard position or schema (binding {own:016x}, this shard of "
-            f"this dataset expects {expected:016x}): a shard moved, copied from another dataset or "
-            "rewritten while open")
+    return (f"written under another schema, for another dataset or for another shard position (binding "
+            f"{own:016x}, this shard of this dataset expects {expected:016x}): a shard moved, copied from "
+            "another dataset or rewritten while open")
 
 
 def _decode_payload(f: Field, payload: memoryview, expected: int, index: int) -> np.ndarray:
