@@ -81,11 +81,14 @@ class WriteResult:
 
 
 def _identity(job: WriteJob) -> str:
-    """Return what identifies the dataset's inputs for its id: options, and the sources' names, labels and sizes."""
+    """Return what identifies the dataset's inputs for its id: options, and image sources' names, labels and sizes.
+
+    Jobs with their own tasks (``write_dataset``) add nothing to their options: a map-style
+    dataset and the same samples streamed write the same shards, so they get one id; their
+    content enters the id through the first shard's records.
+    """
     lines = [json.dumps(job.provenance.get("options", {}), sort_keys=True)]
-    if job.stamp is not None:
-        lines.append(job.stamp)
-    else:
+    if job.stamp is None:
         for s in job.sources:
             size = os.stat(os.path.join(job.settings.data_dir, s.relpath)).st_size
             lines.append(f"{s.relpath}|{s.label}|{size}")
