@@ -87,7 +87,7 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
 
 
 def _identity(arrays: Mapping[str, np.ndarray], samples_per_shard: int) -> str:
-    """Return what identifies the dataset ``write_arrays`` writes: shard size, fields, and a hash of every array's bytes."""
+    """Return what identifies what ``write_arrays`` writes: shard size, fields, a hash of every array's bytes."""
     h = xxhash.xxh3_128()
     for name, a in arrays.items():
         h.update(f"{name}|{a.dtype.str}|{a.shape}\n".encode())

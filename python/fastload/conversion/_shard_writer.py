@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import lmdb
-
 import xxhash
 
 from ..format._manifest import ShardInfo, file_hash, fsync_dir

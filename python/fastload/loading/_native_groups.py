@@ -46,6 +46,11 @@ def open_groups(concat: ConcatShardDataset) -> list[Any]:
     return [open_shards([concat.datasets[j] for j in g]) for g in groups]
 
 
+def _fingerprints(concat: ConcatShardDataset, group: list[int]) -> list[int]:
+    """Return what the records of each shard of one group's shard set carry, in its shards' order."""
+    return [f for j in group for f in concat.datasets[j].manifest.record_fingerprints()]
+
+
 class GroupedNativeEpoch:
     """Iterates one epoch of a mixed-layout concatenation: a native epoch per group, parts copied into each batch."""
 
@@ -73,8 +78,7 @@ class GroupedNativeEpoch:
             self._sizes.append(len(idx))
         self._epochs: list[NativeEpoch | None] = [
             NativeEpoch(shard_sets[group], concat.datasets[groups[group][0]], len(sub[group]), batch_size,
-                        sub[group].__getitem__, settings,
-                        fingerprints=[f for j in groups[group] for f in concat.datasets[j].manifest.record_fingerprints()])
+                        sub[group].__getitem__, settings, fingerprints=_fingerprints(concat, groups[group]))
             if sub[group] else None
             for group in range(len(groups))]
         self._delivered = 0
