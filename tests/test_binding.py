@@ -245,3 +245,33 @@ def test_verify_recommends_rewriting_old_datasets(tmp_path):
     assert r.returncode == 0
     assert "note: " in r.stdout and "format version 2: its shards are not bound" in r.stdout
     assert "rewrite it with this fastload to get format 3" in r.stdout
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_concatenation_of_v2_and_v3_datasets_reads_each_with_its_binding(tmp_path, backend):
+    from test_format_v2 import write_old_dataset
+
+    old, new = tmp_path / "v2", tmp_path / "v3"
+    v = np.arange(40, dtype=np.int32).reshape(10, 4)
+    write_old_dataset(old, v, np.arange(10, dtype=np.int64), version=2)
+    fastload.write_arrays(new, {"v": v + 100, "label": np.arange(10, dtype=np.int64) + 10}, codec={"v": "zstd"},
+                          samples_per_shard=3)
+    both = fastload.concat([fastload.ShardDataset(old), fastload.ShardDataset(new)])
+    batches = list(fastload.ShardLoader(both, batch_size=4, backend=backend, shuffle=False))
+    assert np.array_equal(np.concatenate([b["label"].numpy() for b in batches]), np.arange(20))
+    assert np.array_equal(np.concatenate([b["v"].numpy() for b in batches]), np.concatenate([v, v + 100]))
+
+
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_concatenation_of_v3_datasets_checks_each_shard_against_its_own_dataset(pair, backend):
+    a, b = pair
+    both = fastload.concat([fastload.ShardDataset(a), fastload.ShardDataset(b)])
+    batches = list(fastload.ShardLoader(both, batch_size=16, backend=backend, shuffle=False))
+    assert np.array_equal(np.concatenate([x["y"].numpy() for x in batches]),
+                          np.concatenate([values(0)["y"], values(1000)["y"]]))
+    shutil.copyfile(b / "shard-00001.lmdb", a / "shard-00001.lmdb")  # b's shard 1 in a: refused there only
+    refresh(a)
+    both = fastload.concat([fastload.ShardDataset(a), fastload.ShardDataset(b)])
+    extra = {"num_workers": 0} if backend == "torch" else {}
+    with pytest.raises(CorruptRecordError, match=r"a/shard-00001\.lmdb record 0: " + BOUND):
+        list(fastload.ShardLoader(both, batch_size=16, backend=backend, shuffle=False, **extra))
