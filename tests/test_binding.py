@@ -275,3 +275,22 @@ def test_concatenation_of_v3_datasets_checks_each_shard_against_its_own_dataset(
     extra = {"num_workers": 0} if backend == "torch" else {}
     with pytest.raises(CorruptRecordError, match=r"a/shard-00001\.lmdb record 0: " + BOUND):
         list(fastload.ShardLoader(both, batch_size=16, backend=backend, shuffle=False, **extra))
+
+
+def test_shard_writer_refuses_records_of_another_schema(tmp_path):
+    from fastload.conversion._shard_writer import write_shard
+    from fastload.errors import SchemaMismatchError
+    from fastload.format._record import Field, RecordEncoder
+
+    fields = [Field("x", "uint8", (4,))]
+    record = RecordEncoder([Field("x", "int8", (4,))]).encode({"x": np.zeros(4, np.int8)})
+    with pytest.raises(SchemaMismatchError, match=r"shard 0 record 0: encoded for another schema"):
+        write_shard(tmp_path, 0, [record], (fields, "0" * 32))
+    with pytest.raises(ValueError, match=r"need \(schema, dataset id\)"):
+        write_shard(tmp_path, 0, [record])
+
+
+def test_info_names_the_dataset_id(pair):
+    a, _ = pair
+    r = run_cli("fastload", "info", str(a))
+    assert r.returncode == 0 and f"format version 3, dataset id {manifest(a)['dataset_id']}," in r.stdout

@@ -16,6 +16,7 @@ from pathlib import Path
 import lmdb
 import xxhash
 
+from ..errors import SchemaMismatchError
 from ..format._manifest import ShardInfo, file_hash, fsync_dir
 from ..format._manifest_check import shard_name
 from ..format._record import FORMAT_VERSION, Field, bind_key, binding_fingerprint, schema_fingerprint
@@ -59,11 +60,12 @@ def write_shard(directory: str | os.PathLike, index: int, records: Sequence[byte
     to its dataset and this shard's index: ``binding`` is (schema, dataset id), required
     for v3 records.
     """
-    fingerprint = None
+    fingerprint, schema = None, b""
     if records and records[0][4:6] == FORMAT_VERSION.to_bytes(2, "little"):
         if binding is None:
             raise ValueError(f"shard {index}: format {FORMAT_VERSION} records need (schema, dataset id) to bind to")
-        fingerprint = binding_fingerprint(schema_fingerprint(binding[0]), binding[1], index)
+        schema_fp = schema_fingerprint(binding[0])
+        schema, fingerprint = schema_fp.to_bytes(8, "little"), binding_fingerprint(schema_fp, binding[1], index)
     directory = Path(directory)
     name = shard_name(index)
     build = directory / f".{name}.build"
@@ -76,6 +78,9 @@ def write_shard(directory: str | os.PathLike, index: int, records: Sequence[byte
     try:
         with env.begin(write=True) as txn:
             for key, record in enumerate(records):
+                if schema and record[16:24] != schema:  # the binding replaces the schema fingerprint: check it first
+                    raise SchemaMismatchError(f"shard {index} record {key}: encoded for another schema than the "
+                                              "dataset's")
                 txn.put(record_key(key), bind_key(record, key, fingerprint), append=True)
         env.copy(str(tmp), compact=True)
     finally:
