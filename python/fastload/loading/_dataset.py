@@ -214,6 +214,9 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        if "_fingerprints" not in state:  # pickled before format v3: one schema fingerprint for every shard
+            self.__dict__.pop("_fingerprint", None)
+            self._fingerprints = self.manifest.record_fingerprints()
 
     def close(self) -> None:
         """Close the LMDB handles this process opened."""
