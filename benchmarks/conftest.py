@@ -15,7 +15,6 @@ from datasets import QUICK, BenchDataset, all_datasets, ensure  # noqa: E402
 
 import fastload  # noqa: E402
 from fastload import _native  # noqa: E402
-from fastload.format._record import schema_fingerprint  # noqa: E402
 from fastload.sampling._order import EpochOrder  # noqa: E402
 
 BATCH = 256
@@ -56,19 +55,28 @@ class Floors:
         import lmdb
 
         dataset = fastload.ShardDataset(self.path)
-        records = []
-        for shard in dataset.manifest.shards:
-            env = lmdb.open(str(self.path / shard.file), subdir=False, readonly=True, lock=False)
-            with env.begin() as txn:
-                records.extend(txn.get(k.to_bytes(8, "big")) for k in range(shard.count))
-            env.close()
-        offsets = np.cumsum([0] + [len(r) for r in records], dtype=np.uint64)
-        blob = np.frombuffer(b"".join(records), dtype=np.uint8)
         fields = dataset.manifest.fields
         outs = [np.ones(self.ds.count * f.nbytes, np.uint8) for f in fields]
         spec = [f.native_spec for f in fields]
-        version, fingerprint = dataset.manifest.format_version, schema_fingerprint(fields)
-        return lambda: _native.decode_records(blob, offsets, spec, outs, version=version, fingerprint=fingerprint)
+        version = dataset.manifest.format_version
+        parts = []  # per shard: its records end to end, its offsets, its rows of outs and its fingerprint
+        start = 0
+        for shard, fingerprint in zip(dataset.manifest.shards, dataset.manifest.record_fingerprints()):
+            env = lmdb.open(str(self.path / shard.file), subdir=False, readonly=True, lock=False)
+            with env.begin() as txn:
+                records = [txn.get(k.to_bytes(8, "big")) for k in range(shard.count)]
+            env.close()
+            offsets = np.cumsum([0] + [len(r) for r in records], dtype=np.uint64)
+            blob = np.frombuffer(b"".join(records), dtype=np.uint8)
+            rows = [o[start * f.nbytes:(start + shard.count) * f.nbytes] for o, f in zip(outs, fields)]
+            parts.append((blob, offsets, rows, fingerprint))
+            start += shard.count
+
+        def decode() -> None:
+            for blob, offsets, rows, fingerprint in parts:  # v3: each shard's records carry its own binding
+                _native.decode_records(blob, offsets, spec, rows, version=version, fingerprint=fingerprint)
+
+        return decode
 
     def make_lookup(self):
         """Look up every sample in LMDB in the epoch's shuffled order, no decoding."""

@@ -174,7 +174,7 @@ def decode_both(record: bytes, field: Field) -> list[str]:
         errors.append(type(err).__name__ + ": " + str(err))
     out = np.zeros(field.nbytes, np.uint8)
     try:
-        _native.decode_record(record, [field.native_spec], [out], True, 2,
+        _native.decode_record(record, [field.native_spec], [out], True, fastload.format._record.RECORD_VERSION,
                               fastload.format._record.schema_fingerprint([field]))
     except Exception as err:  # noqa: BLE001
         errors.append(type(err).__name__ + ": " + str(err))

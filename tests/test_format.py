@@ -10,7 +10,14 @@ import fastload
 from fastload import _native
 from fastload.errors import CorruptRecordError, SchemaMismatchError
 from fastload.format._dtypes import NUMPY_DTYPES
-from fastload.format._record import Field, RecordDecodeError, RecordEncoder, decode_record, schema_fingerprint
+from fastload.format._record import (
+    RECORD_VERSION,
+    Field,
+    RecordDecodeError,
+    RecordEncoder,
+    decode_record,
+    schema_fingerprint,
+)
 
 CODECS = ["raw", "zstd", "zstd-shuffle"]
 
@@ -25,7 +32,7 @@ def random_array(rng, dtype, shape):
     return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
 
 
-def native_decode(record, fields, key=None, version=2, fingerprint=None):
+def native_decode(record, fields, key=None, version=RECORD_VERSION, fingerprint=None):
     out = [np.empty(f.shape, f.np_dtype) for f in fields]
     fingerprint = schema_fingerprint(fields) if fingerprint is None else fingerprint
     _native.decode_record(record, [f.native_spec for f in fields], [o.reshape(-1).view(np.uint8) for o in out],

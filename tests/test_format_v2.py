@@ -1,4 +1,4 @@
-"""Format v2: each record names its key and its schema; v1 datasets stay readable."""
+"""Format v2: each record names its key and its schema; v1 and v2 datasets stay readable (writers write v3)."""
 
 import json
 from pathlib import Path
@@ -12,7 +12,7 @@ import fastload
 from fastload.conversion._shard_writer import write_shard
 from fastload.errors import CorruptRecordError
 from fastload.format._manifest import MANIFEST_NAME, Manifest, file_hash, write_json_atomic
-from fastload.format._record import Field, RecordEncoder, bind_key
+from fastload.format._record import Field, RecordEncoder
 from fastload.format._shard_files import record_key
 
 LOADERS = {
@@ -22,16 +22,22 @@ LOADERS = {
 }
 
 
-def write_v1_dataset(out: Path, values: np.ndarray, labels: np.ndarray, per_shard: int = 5) -> None:
-    """Write a format v1 dataset, as fastload before v2 did (tests only: writers write v2)."""
+def write_old_dataset(out: Path, values: np.ndarray, labels: np.ndarray, per_shard: int = 5,
+                      version: int = 1) -> None:
+    """Write a format v1 or v2 dataset, as fastload before v2 or v3 did (tests only: writers write v3)."""
     out.mkdir(parents=True)
     fields = [Field("v", "int32", tuple(values.shape[1:]), "zstd"), Field("label", "int64", ())]
-    encoder = RecordEncoder(fields, version=1)
+    encoder = RecordEncoder(fields, version=version)
     shards = []
     for index, start in enumerate(range(0, len(values), per_shard)):
         records = [encoder.encode({"v": values[i], "label": labels[i]}) for i in range(start, start + per_shard)]
         shards.append(write_shard(out, index, records))
-    write_json_atomic(out / MANIFEST_NAME, Manifest(fields, shards, {"tool": "test"}, format_version=1).to_json())
+    manifest = Manifest(fields, shards, {"tool": "test"}, format_version=version)
+    write_json_atomic(out / MANIFEST_NAME, manifest.to_json())
+
+
+def write_v1_dataset(out: Path, values: np.ndarray, labels: np.ndarray, per_shard: int = 5) -> None:
+    write_old_dataset(out, values, labels, per_shard, version=1)
 
 
 def rehash(directory: Path) -> None:
@@ -57,12 +63,11 @@ def values():
 @pytest.fixture
 def v2_dataset(tmp_path, values) -> Path:
     out = tmp_path / "v2"
-    fastload.write_arrays(out, {"v": values, "label": np.arange(20, dtype=np.int64)}, codec={"v": "zstd"},
-                          samples_per_shard=5)
+    write_old_dataset(out, values, np.arange(20, dtype=np.int64), version=2)
     return out
 
 
-def test_writers_write_v2(v2_dataset):
+def test_v2_datasets_bind_records_to_their_keys(v2_dataset):
     assert json.loads((v2_dataset / MANIFEST_NAME).read_text())["format_version"] == 2
     env = lmdb.open(str(v2_dataset / "shard-00001.lmdb"), subdir=False, readonly=True, lock=False)
     with env.begin() as txn:
@@ -151,13 +156,11 @@ def test_bool_bytes_other_than_0_and_1_are_corrupt(tmp_path, how):
     out = tmp_path / "b"
     fastload.write_arrays(out, {"flag": flags}, codec="zstd")
     # Re-encode sample 5 with a byte 2 (and a matching checksum): only the bool check can catch it.
-    fields = fastload.ShardDataset(out).manifest.fields
     bad = RecordEncoder([Field("flag", "uint8", (3,), "zstd")]).encode({"flag": np.array([0, 2, 1], np.uint8)})
-    good = RecordEncoder(fields).encode({"flag": flags[5]})
-    bad = good[:24] + bad[24:]  # the bool schema's header (fingerprint) with the uint8 payload
     env = lmdb.open(str(out / "shard-00000.lmdb"), subdir=False, lock=False, map_size=1 << 24)
     with env.begin(write=True) as txn:
-        txn.put(record_key(5), bind_key(bad, 5))
+        good = bytes(txn.get(record_key(5)))
+        txn.put(record_key(5), good[:24] + bad[24:])  # the bool record's bound header with the uint8 payload
     env.close()
     rehash(out)
     with pytest.raises(CorruptRecordError, match=r"record 5: field 0: bool element 1 holds byte 2, not 0 or 1"):

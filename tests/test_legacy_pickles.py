@@ -34,10 +34,30 @@ def legacy(tmp_path, monkeypatch):
     """The old pickles, unpickled in a directory holding their dataset."""
     monkeypatch.chdir(tmp_path)
     fastload.write_arrays("dataset", _writer().arrays(), samples_per_shard=16)
+    _rewrite_as_format_2(Path("dataset"))  # the pickles hold the manifest of a format 2 dataset
     with open(HERE / "pickles.pkl", "rb") as f:
         saved = pickle.load(f)
     assert saved["fastload"] == "0.1.0"
     return {name: pickle.loads(blob) for name, blob in saved["blobs"].items()}
+
+
+def _rewrite_as_format_2(directory: Path) -> None:
+    """Rewrite a dataset as fastload wrote it when the pickles were made (format 2)."""
+    from fastload.conversion._shard_writer import write_shard
+    from fastload.format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
+    from fastload.format._record import RecordEncoder
+
+    ds = fastload.ShardDataset(directory)
+    m = ds.manifest
+    encoder = RecordEncoder(m.fields, version=2)
+    shards, start = [], 0
+    for index, shard in enumerate(m.shards):
+        records = [encoder.encode(dict(zip([f.name for f in m.fields], ds.read_arrays(i))))
+                   for i in range(start, start + shard.count)]
+        start += shard.count
+        shards.append(write_shard(directory, index, records))
+    ds.close()
+    write_json_atomic(directory / MANIFEST_NAME, Manifest(m.fields, shards, m.provenance, m.extra, 2).to_json())
 
 
 def test_the_pickles_name_the_old_module_paths():
@@ -50,7 +70,7 @@ def test_a_native_loader_resumes_where_it_was_pickled(legacy):
     loader, state = legacy["native_loader"], legacy["native_state"]
     assert isinstance(loader, fastload.ShardLoader) and loader.backend == "native"
     assert (state["epoch"], state["position"]) == (0, 8)
-    assert loader.state_dict() == state
+    assert {**loader.state_dict(), "format_version": 2} == state  # states now say format 3: the same positions
     fresh = fastload.ShardLoader("dataset", batch_size=4, shuffle=True, seed=7, num_threads=2)
     fresh.load_state_dict(state)
     assert batches_equal(list(loader), list(fresh))

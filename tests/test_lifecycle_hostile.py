@@ -63,8 +63,8 @@ def test_the_native_reader_itself_refuses_a_second_consumer(small_dataset):
         fields = ds.manifest.fields
         reader = _native.BatchReader(open_shards(ds), [f.native_spec for f in fields], [f.np_dtype for f in fields],
                                      [list(f.shape) for f in fields], [True] * len(fields), 4, 2,
-                                     record_version=2,
-                                     schema_fingerprint=fastload.format._record.schema_fingerprint(fields))
+                                     record_version=ds.manifest.format_version,
+                                     shard_fingerprints=ds.manifest.record_fingerprints())
         _native._testing.set_read_delay(reader, 200000)
         reader.add_slot(np.empty(reader.slot_bytes, np.uint8))
         reader.submit(np.arange(4, dtype=np.uint64))

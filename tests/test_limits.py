@@ -51,7 +51,8 @@ def huge_dataset(tmp_path) -> Path:
     fields = [fastload.Field("x", "uint8", (HUGE,), "zstd")]
     payload = zstd_frame_declaring(HUGE, 1 << 20)
     (out / "shard-00000.lmdb").unlink()
-    info = write_shard(out, 0, [hostile_record(HUGE, payload, k, fields) for k in range(20)])
+    records = [hostile_record(HUGE, payload, k, fields) for k in range(20)]
+    info = write_shard(out, 0, records, (fields, doc["dataset_id"]))
     doc["shards"] = [info.to_json()]
     (out / "manifest.json").write_text(json.dumps(doc))
     assert file_hash(out / "shard-00000.lmdb") == info.hash

@@ -182,7 +182,8 @@ class PyBatchReader {
                 std::vector<py::dtype> dtypes, std::vector<std::vector<py::ssize_t>> shapes, std::vector<bool> decode,
                 size_t batch_capacity, size_t num_threads, bool verify,
                 const std::vector<StepTuple>& steps, size_t num_params, uint64_t max_sample_bytes,
-                uint16_t record_version, uint64_t schema_fingerprint, std::shared_ptr<SlotPool> pool)
+                uint16_t record_version, uint64_t schema_fingerprint, std::vector<uint64_t> shard_fingerprints,
+                std::shared_ptr<SlotPool> pool)
       : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)), num_params_(num_params) {
     if (dtypes_.size() != fields.size() || shapes_.size() != fields.size() || decode.size() != fields.size()) {
       throw py::value_error("fields, dtypes, shapes and decode differ in length");
@@ -195,6 +196,7 @@ class PyBatchReader {
     options.max_sample_bytes = max_sample_bytes;
     options.record_version = record_version;
     options.schema_fingerprint = schema_fingerprint;
+    options.shard_fingerprints = std::move(shard_fingerprints);
     options.pool = std::move(pool);
     {
       py::gil_scoped_release release;
@@ -539,7 +541,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("decode_record", &decode_record, py::arg("record"), py::arg("fields"), py::arg("out"),
         py::arg("verify") = true, py::arg("version") = kRecordVersion, py::arg("fingerprint") = 0,
         py::arg("key") = py::none(),
-        "Decodes one record into one writable buffer per field (v2: checks the fingerprint, and the key if given).");
+        "Decodes one record into one writable buffer per field (v2, v3: checks the fingerprint, and the key if given).");
   m.def("decode_records", &decode_records, py::arg("blob"), py::arg("offsets"), py::arg("fields"), py::arg("out"),
         py::arg("verify") = true, py::arg("version") = kRecordVersion, py::arg("fingerprint") = 0,
         "Decodes records laid end to end in one thread (a benchmark floor; keys are not checked).");
@@ -594,13 +596,13 @@ PYBIND11_MODULE(_native, m) {
       .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,
                     std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool,
                     const std::vector<StepTuple>&, size_t, uint64_t, uint16_t, uint64_t,
-                    std::shared_ptr<SlotPool>>(),
+                    std::vector<uint64_t>, std::shared_ptr<SlotPool>>(),
            py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("decode"),
            py::arg("batch_capacity"), py::arg("num_threads"), py::arg("verify") = true,
            py::arg("transforms") = std::vector<StepTuple>{},
            py::arg("num_params") = 0, py::arg("max_sample_bytes") = kDefaultMaxSampleBytes,
            py::arg("record_version") = kRecordVersion, py::arg("schema_fingerprint") = 0,
-           py::arg("pool") = std::shared_ptr<SlotPool>())
+           py::arg("shard_fingerprints") = std::vector<uint64_t>{}, py::arg("pool") = std::shared_ptr<SlotPool>())
       .def_property_readonly("slot_bytes", [](PyBatchReader& r) { return r.reader().slot_bytes(); })
       .def_property_readonly("num_threads", [](PyBatchReader& r) { return r.reader().num_threads(); })
       .def_property_readonly("pool", [](PyBatchReader& r) { return r.reader().pool(); })

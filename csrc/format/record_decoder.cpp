@@ -101,7 +101,7 @@ RecordDecoder::RecordDecoder(std::vector<FieldSpec> fields, const DecoderOptions
       verify_(options.verify_checksums),
       version_(options.record_version),
       fingerprint_(options.schema_fingerprint) {
-  if (version_ != 1 && version_ != 2) throw FastloadError("unknown record version " + std::to_string(version_));
+  if (version_ < 1 || version_ > kRecordVersion) throw FastloadError("unknown record version " + std::to_string(version_));
   if (fields_.empty() || fields_.size() > kMaxFields) {
     throw FastloadError("schema: " + std::to_string(fields_.size()) + " fields; a schema has 1 to " +
                         std::to_string(kMaxFields));
@@ -185,7 +185,8 @@ void RecordDecoder::decode_payload(const FieldSpec& spec, const uint8_t* src, si
   if (shuffled) unshuffle_bytes(scratch_.data(), dst, dst_size, spec.itemsize);
 }
 
-void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* dest, uint64_t key) {
+void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* dest, uint64_t key,
+                           uint64_t expected) {
   const size_t nfields = fields_.size();
   const size_t fixed = version_ == 1 ? kRecordHeaderBytesV1 : kRecordHeaderBytes;
   if (size < kRecordHeaderBytesV1) {
@@ -210,9 +211,14 @@ void RecordDecoder::decode(const uint8_t* data, size_t size, uint8_t* const* des
                         " (the shard's index is damaged)");
     }
     const uint64_t fingerprint = load_u64(data + 16);
-    if (fingerprint != fingerprint_) {
+    if (fingerprint != expected && version_ == 2) {
       throw DecodeError("written under another schema (fingerprint " + hex64(fingerprint) +
-                        ", the manifest's schema has " + hex64(fingerprint_) + ")");
+                        ", the manifest's schema has " + hex64(expected) + ")");
+    }
+    if (fingerprint != expected) {
+      throw DecodeError("written under another schema, for another dataset or for another shard position (binding " +
+                        hex64(fingerprint) + ", this shard of this dataset expects " + hex64(expected) +
+                        "): a shard moved, copied from another dataset or rewritten while open");
     }
   }
 

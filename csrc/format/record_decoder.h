@@ -6,7 +6,9 @@
 // the destination (or into a per-decoder scratch buffer when the field is
 // byte-shuffled), and the XXH3-64 of the decoded bytes is verified. A v2
 // record must name the key it was read under and the fingerprint of the
-// schema it is read with; bool fields must hold only bytes 0 and 1.
+// schema it is read with; a v3 record the key and its binding fingerprint
+// (schema, dataset id and shard index; the caller passes each shard's);
+// bool fields must hold only bytes 0 and 1.
 //
 // The schema itself is checked once, in the constructor: every field's
 // decoded size is a multiple of its item size and one sample's decoded bytes
@@ -36,9 +38,9 @@ enum class Codec : uint8_t { kRaw = 0, kZstd = 1, kZstdShuffle = 2, kLz4 = 3, kL
 constexpr int kLastCodec = 6;
 
 constexpr uint32_t kRecordMagic = 0x43524C46u;  // bytes "FLRC"
-constexpr uint16_t kRecordVersion = 2;            // what writers write; readers also take 1
+constexpr uint16_t kRecordVersion = 3;            // what writers write; readers also take 1 and 2
 constexpr size_t kRecordHeaderBytesV1 = 8;        // magic, version, field count
-constexpr size_t kRecordHeaderBytes = 24;         // v2 adds the key and the schema fingerprint
+constexpr size_t kRecordHeaderBytes = 24;         // v2, v3 add the key and the (binding) fingerprint
 constexpr size_t kFieldEntryBytes = 24;
 // Fields per schema (python/fastload/format/_record.py MAX_FIELDS): the header's count is
 // 16-bit, but a real schema has a few dozen fields, and each costs work and a buffer per batch.
@@ -63,8 +65,10 @@ struct DecoderOptions {
   bool verify_checksums = true;
   uint64_t max_sample_bytes = kDefaultMaxSampleBytes;
   // The record version every record must have: the manifest's format_version
-  // (1 or 2). In v2 each record also names its key and its schema's
-  // fingerprint (docs/FORMAT.md), which must equal these.
+  // (1, 2 or 3). In v2 each record also names its key and its schema's
+  // fingerprint (docs/FORMAT.md), which must equal these; in v3 the
+  // fingerprint is the shard's binding, given to decode() per shard (this
+  // one is the default).
   uint16_t record_version = kRecordVersion;
   uint64_t schema_fingerprint = 0;
 };
@@ -85,7 +89,12 @@ class RecordDecoder {
   // A null dest[f] skips that field (validated, not decoded or verified).
   // `key` is the LMDB key the record was read under: a v2 record carrying
   // another key is refused (kAnyKey skips that check).
-  void decode(const uint8_t* data, size_t size, uint8_t* const* dest, uint64_t key = kAnyKey);
+  void decode(const uint8_t* data, size_t size, uint8_t* const* dest, uint64_t key = kAnyKey) {
+    decode(data, size, dest, key, fingerprint_);
+  }
+  // As above, the record's fingerprint field checked against `fingerprint`
+  // (v3: the binding of the shard it was read from).
+  void decode(const uint8_t* data, size_t size, uint8_t* const* dest, uint64_t key, uint64_t fingerprint);
 
   const std::vector<FieldSpec>& fields() const noexcept { return fields_; }
 

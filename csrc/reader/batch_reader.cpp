@@ -94,6 +94,17 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
     throw FastloadError(what + " needs " + std::to_string(slot_bytes_) + " bytes, more than this machine's memory (" +
                         std::to_string(physical_memory_bytes()) + " bytes)");
   }
+  fingerprints_ = std::move(options.shard_fingerprints);
+  if (options.record_version >= 3 && fingerprints_.size() != shards_->size()) {
+    throw FastloadError("BatchReader: format 3 records need one binding fingerprint per shard (" +
+                        std::to_string(shards_->size()) + " shards, " + std::to_string(fingerprints_.size()) +
+                        " fingerprints)");
+  }
+  if (fingerprints_.empty()) fingerprints_.assign(shards_->size(), options.schema_fingerprint);
+  if (fingerprints_.size() != shards_->size()) {
+    throw FastloadError("BatchReader: " + std::to_string(fingerprints_.size()) + " shard fingerprints for " +
+                        std::to_string(shards_->size()) + " shards");
+  }
   // Enough chunks per batch that every thread has several to take, but no
   // chunk under kMinChunkBytes of output: with many threads and small
   // records, tiny chunks cost more to hand out than to decode.
@@ -325,7 +336,7 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scra
     }
     t0 = std::chrono::steady_clock::now();
     try {
-      decoder.decode(data, size, dest.data(), key);
+      decoder.decode(data, size, dest.data(), key, fingerprints_[shard]);
     } catch (const DecodeError& err) {
       throw CorruptRecordError(shards_->shard(shard).path(), key, err.what());
     }

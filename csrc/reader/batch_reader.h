@@ -68,6 +68,10 @@ struct ReaderOptions {
   uint64_t max_sample_bytes = kDefaultMaxSampleBytes;  // a larger schema is refused
   uint16_t record_version = kRecordVersion;            // the manifest's format_version
   uint64_t schema_fingerprint = 0;                     // v2: what every record must carry
+  // v3: per shard of the ShardSet, the binding fingerprint its records carry
+  // (schema, dataset id, shard index: docs/FORMAT.md); required for v3, one
+  // per shard. Empty for v1 and v2: schema_fingerprint for every shard.
+  std::vector<uint64_t> shard_fingerprints;
   // Optional: the pool of an earlier reader over the same fields (plain slots,
   // one buffer each, as SlotPool::add makes), reused when its slots are this
   // reader's size, so that a new pass neither allocates nor page-faults its
@@ -154,6 +158,7 @@ class BatchReader {
   size_t chunk_size_ = 1;
   bool verify_;
   DecoderOptions decoder_options_;
+  std::vector<uint64_t> fingerprints_;  // per shard: what its records' fingerprint field must hold
   std::shared_ptr<SlotPool> pool_;
 
   mutable std::mutex mutex_;

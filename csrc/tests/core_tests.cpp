@@ -44,17 +44,18 @@ std::vector<uint8_t> shuffle(const std::vector<uint8_t>& src, size_t itemsize) {
 constexpr uint64_t kFingerprint = 0x0123456789ABCDEFull;
 constexpr uint64_t kKey = 41;
 
-DecoderOptions v2_options() { return DecoderOptions{true, kDefaultMaxSampleBytes, 2, kFingerprint}; }
+// Options for records of the current version (v3) whose binding fingerprint is kFingerprint.
+DecoderOptions v2_options() { return DecoderOptions{true, kDefaultMaxSampleBytes, kRecordVersion, kFingerprint}; }
 
 // One record of one field, encoded with `codec`, in record version `version`
-// (v2: with key kKey and fingerprint kFingerprint).
+// (v2, v3: with key kKey and fingerprint kFingerprint).
 std::vector<uint8_t> record_of(const std::vector<uint8_t>& data, const std::vector<uint8_t>& payload, Codec codec,
-                               uint16_t version = 2) {
+                               uint16_t version = kRecordVersion) {
   std::vector<uint8_t> rec;
   put(rec, kRecordMagic, 4);
   put(rec, version, 2);
   put(rec, 1, 2);
-  if (version == 2) {
+  if (version >= 2) {
     put(rec, kKey, 8);
     put(rec, kFingerprint, 8);
   }
@@ -68,7 +69,7 @@ std::vector<uint8_t> record_of(const std::vector<uint8_t>& data, const std::vect
 }
 
 std::vector<uint8_t> make_record(const std::vector<uint8_t>& data, Codec codec, size_t itemsize,
-                                 uint16_t version = 2) {
+                                 uint16_t version = kRecordVersion) {
   std::vector<uint8_t> payload;
   const bool shuffled = codec == Codec::kZstdShuffle || codec == Codec::kLz4Shuffle;
   const std::vector<uint8_t> src = shuffled ? shuffle(data, itemsize) : data;
@@ -180,10 +181,26 @@ void test_records_are_bound_to_key_schema_and_version() {
   CHECK(!decode_throws(v2, rec, out.data()));
   CHECK(!decode_throws(v2, rec, out.data(), kAnyKey));
   CHECK(decode_throws(v2, rec, out.data(), kKey + 1));  // delivered for another key
-  RecordDecoder other_schema({spec}, DecoderOptions{true, kDefaultMaxSampleBytes, 2, kFingerprint ^ 1});
+  RecordDecoder other_schema({spec}, DecoderOptions{true, kDefaultMaxSampleBytes, kRecordVersion, kFingerprint ^ 1});
   CHECK(decode_throws(other_schema, rec, out.data()));
   const auto v1_rec = make_record(data, Codec::kZstd, 1, 1);
-  CHECK(decode_throws(v2, v1_rec, out.data()));  // a v1 record in a v2 dataset
+  CHECK(decode_throws(v2, v1_rec, out.data()));  // a v1 record in a v3 dataset
+  // v3: the fingerprint each shard's records carry is given per call (the shard's binding).
+  uint8_t* dest[] = {out.data()};
+  bool refused = false;
+  try {
+    v2.decode(rec.data(), rec.size(), dest, kKey, kFingerprint + 1);  // another shard's or dataset's binding
+  } catch (const DecodeError& err) {
+    refused = std::string(err.what()).find("for another shard position") != std::string::npos;
+  }
+  CHECK(refused);
+  v2.decode(rec.data(), rec.size(), dest, kKey, kFingerprint);
+  CHECK(out == data);
+  const auto old_rec = make_record(data, Codec::kZstd, 1, 2);
+  CHECK(decode_throws(v2, old_rec, out.data()));  // a v2 record in a v3 dataset
+  RecordDecoder old({spec}, DecoderOptions{true, kDefaultMaxSampleBytes, 2, kFingerprint});
+  CHECK(!decode_throws(old, old_rec, out.data()));
+  CHECK(decode_throws(old, rec, out.data()));  // a v3 record in a v2 dataset
   RecordDecoder v1({spec}, DecoderOptions{true, kDefaultMaxSampleBytes, 1, 0});
   CHECK(!decode_throws(v1, v1_rec, out.data()));
   CHECK(out == data);

@@ -52,7 +52,7 @@ void decode_each(const ShardFile& shard, RecordDecoder& decoder, uint8_t* const*
 void decode_all(const ShardFile& shard) {
   std::vector<uint8_t> image(size_t{3} * kImageSides[1] * kImageSides[1] * 2), label(8);
   uint8_t* dest[] = {image.data(), label.data()};
-  // Format v2 records carry their schema's fingerprint; take the first record's, so that the
+  // Format v3 records carry their binding fingerprint (schema, dataset, shard); take the first record's, so that the
   // decoder gets past that check to the payloads (the harness cannot know the manifest).
   uint64_t fingerprint = 0;
   if (shard.records() > 0) {

@@ -86,26 +86,31 @@ bool sample_ok(uint64_t i, const uint8_t* image, const uint8_t* label) {
   return l == static_cast<int64_t>(3 * i + 1);
 }
 
-// The schema fingerprint the (format v2) records were written with: the test
-// has no manifest, so it takes the first record's (docs/FORMAT.md).
-uint64_t written_fingerprint(const ShardSet& shards) {
-  uint64_t fingerprint = 0;
-  const auto [bytes, size] = shards.shard(0).record(0);
-  for (size_t i = 0; i < 8 && size >= 24; ++i) fingerprint |= static_cast<uint64_t>(bytes[16 + i]) << (8 * i);
-  return fingerprint;
+// Per shard, the binding fingerprint its (format v3) records were written
+// with: the test has no manifest, so it takes each shard's first record's
+// (docs/FORMAT.md).
+std::vector<uint64_t> written_fingerprints(const ShardSet& shards) {
+  std::vector<uint64_t> out;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    uint64_t fingerprint = 0;
+    const auto [bytes, size] = shards.shard(s).record(0);
+    for (size_t i = 0; i < 8 && size >= 24; ++i) fingerprint |= static_cast<uint64_t>(bytes[16 + i]) << (8 * i);
+    out.push_back(fingerprint);
+  }
+  return out;
 }
 
 // Decodes every record of `shards` in one thread; returns how many match.
 uint64_t count_good_samples(const ShardSet& shards) {
-  const DecoderOptions options{true, kDefaultMaxSampleBytes, kRecordVersion, written_fingerprint(shards)};
-  RecordDecoder decoder(kFields, options);
+  const std::vector<uint64_t> fingerprints = written_fingerprints(shards);
+  RecordDecoder decoder(kFields, DecoderOptions{true, kDefaultMaxSampleBytes, kRecordVersion, 0});
   std::vector<uint8_t> image(kImageElems * 2), label(8);
   uint8_t* dest[] = {image.data(), label.data()};
   uint64_t good = 0;
   for (uint64_t i = 0; i < shards.total_records(); ++i) {
     const auto [s, key] = shards.locate(i);
     const auto [bytes, size] = shards.shard(s).record(key);
-    decoder.decode(bytes, size, dest, key);
+    decoder.decode(bytes, size, dest, key, fingerprints[s]);
     good += sample_ok(i, image.data(), label.data());
   }
   return good;
@@ -118,7 +123,7 @@ void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& or
   ReaderOptions options;
   options.batch_capacity = 32;
   options.num_threads = 4;
-  options.schema_fingerprint = written_fingerprint(*shards);
+  options.shard_fingerprints = written_fingerprints(*shards);
   BatchReader reader(shards, kFields, options);
   std::vector<std::vector<uint8_t>> memory(3, std::vector<uint8_t>(reader.slot_bytes()));
   for (auto& m : memory) reader.pool()->add(m.data(), m.size(), nullptr);
@@ -157,6 +162,44 @@ void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& or
   CHECK(reader.stats().samples == kSamples);
 }
 
+// Format v3: shards 0 and 1 swapped (same record count, every record valid)
+// are refused at their first record, as each shard's records carry its
+// position; with the fingerprints in the swapped order they read again.
+void test_swapped_shards_refused(const fs::path& dataset) {
+  const auto paths = shard_paths(dataset);
+  const auto expected = written_fingerprints(ShardSet(paths, shard_counts()));
+  CHECK(expected[0] != expected[1]);
+  auto swapped = std::make_shared<const ShardSet>(std::vector<std::string>{paths[1], paths[0], paths[2]},
+                                                  shard_counts());
+  for (bool fixed : {false, true}) {
+    ReaderOptions options;
+    options.batch_capacity = 4;
+    options.num_threads = 2;
+    options.shard_fingerprints = fixed ? std::vector<uint64_t>{expected[1], expected[0], expected[2]} : expected;
+    BatchReader reader(swapped, kFields, options);
+    std::vector<uint8_t> memory(reader.slot_bytes());
+    reader.pool()->add(memory.data(), memory.size(), nullptr);
+    reader.submit({kPerShard + 1, 2, 3, 4});
+    bool refused = false;
+    try {
+      auto batch = reader.wait_next(std::chrono::milliseconds(60000));
+      CHECK(batch.has_value());
+    } catch (const CorruptRecordError& e) {
+      refused = std::string(e.what()).find("for another shard position") != std::string::npos;
+    }
+    CHECK(refused == !fixed);
+  }
+  bool short_list = false;
+  try {
+    ReaderOptions options;
+    options.shard_fingerprints = {expected[0]};
+    BatchReader reader(swapped, kFields, options);
+  } catch (const FastloadError& e) {
+    short_list = std::string(e.what()).find("one binding fingerprint per shard") != std::string::npos;
+  }
+  CHECK(short_list);
+}
+
 // A reader given an earlier reader's pool takes its buffers (those still held
 // by the consumer come back when released, and are not written before); a pool
 // of another slot size is not taken.
@@ -165,7 +208,7 @@ void test_pool_carried_over(const fs::path& dataset) {
   ReaderOptions options;
   options.batch_capacity = 8;
   options.num_threads = 3;
-  options.schema_fingerprint = written_fingerprint(*shards);
+  options.shard_fingerprints = written_fingerprints(*shards);
   std::vector<std::vector<uint8_t>> memory(2);
   std::shared_ptr<SlotPool> pool;
   std::optional<CompletedBatch> kept;
@@ -266,7 +309,7 @@ void test_codecs(const fs::path& dir) {
   ReaderOptions options;
   options.batch_capacity = n;
   options.num_threads = 2;
-  options.schema_fingerprint = written_fingerprint(*shards);
+  options.shard_fingerprints = written_fingerprints(*shards);
   BatchReader reader(shards, fields, options);
   std::vector<uint8_t> memory(reader.slot_bytes());
   reader.pool()->add(memory.data(), memory.size(), nullptr);
@@ -516,6 +559,7 @@ int main(int argc, char** argv) {
     const std::vector<uint64_t> order = test_order(dir);
     test_threaded_read(dataset, order);
     test_pool_carried_over(dataset);
+    test_swapped_shards_refused(dataset);
     test_damaged_copies(dataset, scratch);
     test_file_system(dataset, scratch);
     test_codecs(dir);

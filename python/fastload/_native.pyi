@@ -29,11 +29,11 @@ def mix64(z: int) -> int:
     """Return SplitMix64's finaliser of z, as used by the epoch order."""
 
 def decode_record(record: bytes | ArrayLike, fields: Sequence[FieldTuple], out: Sequence[ArrayLike],
-                  verify: bool = True, version: int = 2, fingerprint: int = 0, key: int | None = None) -> None:
-    """Decode one record into one writable buffer per field (v2: checks the fingerprint, and the key if given)."""
+                  verify: bool = True, version: int = 3, fingerprint: int = 0, key: int | None = None) -> None:
+    """Decode one record into one writable buffer per field (v2, v3: checks the fingerprint, and the key if given)."""
 
 def decode_records(blob: ArrayLike, offsets: ArrayLike, fields: Sequence[FieldTuple], out: Sequence[ArrayLike],
-                   verify: bool = True, version: int = 2, fingerprint: int = 0) -> None:
+                   verify: bool = True, version: int = 3, fingerprint: int = 0) -> None:
     """Decode records laid end to end in one thread (a benchmark floor; keys are not checked)."""
 
 def library_decode(codec: int, blob: ArrayLike, offsets: ArrayLike, out: ArrayLike, decoded_bytes: int,
@@ -74,8 +74,9 @@ class BatchReader:
     def __init__(self, shards: ShardSet, fields: Sequence[FieldTuple], dtypes: Sequence[np.dtype],
                  shapes: Sequence[Sequence[int]], decode: Sequence[bool], batch_capacity: int, num_threads: int,
                  verify: bool = True, transforms: Sequence[StepTuple] = (),
-                 num_params: int = 0, max_sample_bytes: int = ..., record_version: int = 2,
-                 schema_fingerprint: int = 0, pool: SlotPool | None = None) -> None: ...
+                 num_params: int = 0, max_sample_bytes: int = ..., record_version: int = 3,
+                 schema_fingerprint: int = 0, shard_fingerprints: Sequence[int] = (),
+                 pool: SlotPool | None = None) -> None: ...
     @property
     def pool(self) -> SlotPool: ...
     @property

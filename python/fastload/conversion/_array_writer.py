@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from ..errors import SchemaMismatchError
 from ..format._codecs import IMAGE_CODECS, default_options, guess_layout
@@ -16,7 +17,7 @@ from ..format._dtypes import dtype_name
 from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import Field, RecordEncoder
 from ._auto import choose_codec, sample_indices
-from ._shard_writer import write_shard
+from ._shard_writer import dataset_id, write_shard
 
 
 def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], codec: str | Mapping[str, str] = "raw",
@@ -70,14 +71,26 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     out.mkdir(parents=True, exist_ok=True)
     encoder = RecordEncoder(fields)
     shards = []
+    identity = _identity(arrays, samples_per_shard)
+    ident = dataset_id(fields, identity, [])
     for index, start in enumerate(range(0, n, samples_per_shard)):
         stop = min(start + samples_per_shard, n)
         records = [encoder.encode({name: a[i] for name, a in arrays.items()}) for i in range(start, stop)]
-        shards.append(write_shard(out, index, records))
+        shards.append(write_shard(out, index, records, (fields, ident)))
     provenance: dict = {"tool": "fastload.write_arrays",
                         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if choices:
         provenance["codec_choice"] = choices
-    manifest = Manifest(fields, shards, provenance)
+    manifest = Manifest(fields, shards, provenance, dataset_id=ident)
     write_json_atomic(out / MANIFEST_NAME, manifest.to_json())
     return manifest
+
+
+def _identity(arrays: Mapping[str, np.ndarray], samples_per_shard: int) -> str:
+    """Return what identifies what ``write_arrays`` writes: shard size, fields, a hash of every array's bytes."""
+    h = xxhash.xxh3_128()
+    for name, a in arrays.items():
+        h.update(f"{name}|{a.dtype.str}|{a.shape}\n".encode())
+        for start in range(0, len(a), 4096):  # in slices: a memory-mapped array is not copied whole
+            h.update(np.ascontiguousarray(a[start:start + 4096]).data)
+    return f"write_arrays samples_per_shard={samples_per_shard} content={h.hexdigest()}"

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..format._codecs import LOSSY_CODECS, default_options, fitting_codecs
-from ..format._record import Field, RecordEncoder, decode_record, schema_fingerprint
+from ..format._record import RECORD_VERSION, Field, RecordEncoder, decode_record, schema_fingerprint
 
 PREFERENCES = ("speed", "size", "balanced")
 BALANCED_FRACTION = 0.05
@@ -159,7 +159,7 @@ def _decode_seconds(field: Field, records: list[bytes]) -> tuple[float, str]:
         fingerprint = schema_fingerprint([field])
         for _ in range(5):
             start = time.perf_counter()
-            _native.decode_records(blob, offsets, [field.native_spec], [out], True, 2, fingerprint)
+            _native.decode_records(blob, offsets, [field.native_spec], [out], True, RECORD_VERSION, fingerprint)
             best = min(best, time.perf_counter() - start)
         return best, "native"
     for _ in range(2):

@@ -21,7 +21,7 @@ from ..format._record import FORMAT_VERSION
 from ._encode import encode_source
 from ._images import ImageReadError
 from ._parallel import ordered_map
-from ._shard_writer import write_shard
+from ._shard_writer import dataset_id, write_shard
 from ._sources import Source
 
 PROGRESS_NAME = ".progress.json"
@@ -80,6 +80,21 @@ class WriteResult:
     decoded_bytes: int
 
 
+def _identity(job: WriteJob) -> str:
+    """Return what identifies the dataset's inputs for its id: options, and image sources' names, labels and sizes.
+
+    Jobs with their own tasks (``write_dataset``) add nothing to their options: a map-style
+    dataset and the same samples streamed write the same shards, so they get one id; their
+    content enters the id through the first shard's records.
+    """
+    lines = [json.dumps(job.provenance.get("options", {}), sort_keys=True)]
+    if job.stamp is None:
+        for s in job.sources:
+            size = os.stat(os.path.join(job.settings.data_dir, s.relpath)).st_size
+            lines.append(f"{s.relpath}|{s.label}|{size}")
+    return "\n".join(lines)
+
+
 def _fingerprint(job: WriteJob) -> str:
     h = xxhash.xxh3_128()
     h.update(f"format {FORMAT_VERSION}\n".encode())  # shards of another format version are not resumed
@@ -103,11 +118,13 @@ class _Journal:
         self.options = options
         self.entries: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
+        self.dataset_id: str | None = None  # fixed by the first shard (see _shard_writer.dataset_id)
 
     def record(self, info: ShardInfo, next_source: int, next_tile: int, skipped: list[dict[str, Any]]) -> None:
         """Append a completed shard and rewrite the file (``skipped``: the files skipped so far)."""
         self.entries.append({**info.to_json(), "next_source": next_source, "next_tile": next_tile})
-        doc = {"fingerprint": self.fingerprint, "options": self.options, "shards": self.entries, "skipped": skipped}
+        doc = {"fingerprint": self.fingerprint, "options": self.options, "dataset_id": self.dataset_id,
+               "shards": self.entries, "skipped": skipped}
         write_json_atomic(self.path, doc)
 
     def load_valid_prefix(self) -> None:
@@ -126,6 +143,11 @@ class _Journal:
             if not shard.is_file() or shard.stat().st_size != entry["bytes"] or file_hash(shard) != entry["hash"]:
                 break
             self.entries.append(entry)
+        if self.entries:
+            self.dataset_id = doc.get("dataset_id")
+            if not isinstance(self.dataset_id, str):
+                raise DatasetError(f"{self.path}: progress file without a dataset id (written by an older "
+                                   "fastload); start again with --overwrite")
         position = self.position()
         self.skipped = [s for s in doc.get("skipped", []) if s["index"] < position[0]]
 
@@ -166,6 +188,7 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         journal.load_valid_prefix()
     _clean_partial_files(out_dir, {e["file"] for e in journal.entries})
     start = journal.position()
+    identity = _identity(job)
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
 
     record_bytes = sum(f.nbytes for f in job.settings.fields)
@@ -186,7 +209,9 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
 
     def write_and_record(index: int, records: list[bytes], next_source: int, next_tile: int,
                          skipped: list[dict[str, Any]]) -> None:
-        journal.record(write_shard(out_dir, index, records), next_source, next_tile, skipped)
+        assert journal.dataset_id is not None
+        journal.record(write_shard(out_dir, index, records, (job.settings.fields, journal.dataset_id)), next_source,
+                       next_tile, skipped)
         if delay:
             time.sleep(delay)
 
@@ -194,6 +219,8 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         nonlocal current, current_size, pending, shard_index
         if pending is not None:
             pending.result()  # re-raises the previous shard's error
+        if journal.dataset_id is None:  # the first shard: its records fix the dataset's id
+            journal.dataset_id = dataset_id(job.settings.fields, identity, current)
         pending = writer.submit(write_and_record, shard_index, current, next_source, next_tile,
                                 list(journal.skipped))
         shard_index += 1
@@ -276,7 +303,9 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             raise PreprocessError(f"{out_dir}: wrote {total} samples but the sources add up to {first}")
         extra["sources"] = sources_doc
     extra["skipped"] = job.probe_skipped + [{"path": s["path"], "error": s["error"]} for s in journal.skipped]
-    manifest = Manifest(fields=list(job.settings.fields), shards=shards, provenance=job.provenance, extra=extra)
+    ident = journal.dataset_id or dataset_id(job.settings.fields, identity, [])
+    manifest = Manifest(fields=list(job.settings.fields), shards=shards, provenance=job.provenance, extra=extra,
+                        dataset_id=ident)
     write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
     journal.path.unlink(missing_ok=True)
     data_dir = getattr(job.settings, "data_dir", None)

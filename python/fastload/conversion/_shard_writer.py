@@ -8,15 +8,18 @@ then renamed to ``NAME``. A file with a final name is therefore complete.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import lmdb
+import xxhash
 
+from ..errors import SchemaMismatchError
 from ..format._manifest import ShardInfo, file_hash, fsync_dir
 from ..format._manifest_check import shard_name
-from ..format._record import bind_key
+from ..format._record import FORMAT_VERSION, Field, bind_key, binding_fingerprint, schema_fingerprint
 from ..format._shard_files import record_key
 
 PAGE = 4096
@@ -29,11 +32,40 @@ def _map_size(records: Sequence[bytes]) -> int:
     return 2 * (pages * PAGE + sum(len(r) + 64 for r in records)) + (8 << 20)
 
 
-def write_shard(directory: str | os.PathLike, index: int, records: Sequence[bytes]) -> ShardInfo:
+def dataset_id(fields: Sequence[Field], identity: str, first_shard: Sequence[bytes]) -> str:
+    """Return the id of a dataset about to be written: 32 hex digits (docs/FORMAT.md, "Dataset id").
+
+    XXH3-128 of the format version, the schema, ``identity`` (the writer's inputs: its
+    options and the names, labels and sizes of its sources) and the bytes of the first
+    shard's records as encoded. It is a function of what is written, so conversions
+    stay byte-identical for any worker count and on ``--resume``; two datasets get one
+    id only when all of that agrees.
+    """
+    h = xxhash.xxh3_128()
+    h.update(f"fastload dataset id\nformat {FORMAT_VERSION}\n".encode())
+    h.update(json.dumps([f.to_json() for f in fields], sort_keys=True).encode())
+    h.update(identity.encode("utf-8", "surrogatepass"))
+    h.update(f"\nfirst shard {len(first_shard)}\n".encode())
+    for record in first_shard:
+        h.update(len(record).to_bytes(8, "little"))
+        h.update(record)
+    return h.hexdigest()
+
+
+def write_shard(directory: str | os.PathLike, index: int, records: Sequence[bytes],
+                binding: tuple[Sequence[Field], str] | None = None) -> ShardInfo:
     """Write ``records`` (keys 0..n-1) as shard ``index`` in ``directory`` and return its entry.
 
-    Each v2 record is bound to its key here (:func:`bind_key`).
+    Each v2 or v3 record is bound to its key here (:func:`bind_key`), and each v3 record
+    to its dataset and this shard's index: ``binding`` is (schema, dataset id), required
+    for v3 records.
     """
+    fingerprint, schema = None, b""
+    if records and records[0][4:6] == FORMAT_VERSION.to_bytes(2, "little"):
+        if binding is None:
+            raise ValueError(f"shard {index}: format {FORMAT_VERSION} records need (schema, dataset id) to bind to")
+        schema_fp = schema_fingerprint(binding[0])
+        schema, fingerprint = schema_fp.to_bytes(8, "little"), binding_fingerprint(schema_fp, binding[1], index)
     directory = Path(directory)
     name = shard_name(index)
     build = directory / f".{name}.build"
@@ -46,7 +78,10 @@ def write_shard(directory: str | os.PathLike, index: int, records: Sequence[byte
     try:
         with env.begin(write=True) as txn:
             for key, record in enumerate(records):
-                txn.put(record_key(key), bind_key(record, key), append=True)
+                if schema and record[16:24] != schema:  # the binding replaces the schema fingerprint: check it first
+                    raise SchemaMismatchError(f"shard {index} record {key}: encoded for another schema than the "
+                                              "dataset's")
+                txn.put(record_key(key), bind_key(record, key, fingerprint), append=True)
         env.copy(str(tmp), compact=True)
     finally:
         env.close()

@@ -17,7 +17,14 @@ import xxhash
 
 from ..errors import DatasetError
 from ._manifest_check import read_manifest
-from ._record import FORMAT_VERSION, MAX_SAMPLE_BYTES_ENV, Field, max_sample_bytes
+from ._record import (
+    FORMAT_VERSION,
+    MAX_SAMPLE_BYTES_ENV,
+    Field,
+    binding_fingerprint,
+    max_sample_bytes,
+    schema_fingerprint,
+)
 
 MANIFEST_NAME = "manifest.json"
 HASH_ALGORITHM = "xxh3-128"
@@ -46,6 +53,7 @@ class Manifest:
     provenance: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    dataset_id: str | None = None  # v3: what every record is bound to (with its shard's index)
 
     @property
     def total(self) -> int:
@@ -61,6 +69,18 @@ class Manifest:
             h.update(f"{s.file}:{s.count}:{s.hash}".encode())
         return h.hexdigest()
 
+    def record_fingerprints(self) -> list[int]:
+        """Return, per shard, the fingerprint each of its records must carry (docs/FORMAT.md).
+
+        v3: the shard's binding to this dataset and its position; v2: the schema's
+        fingerprint (v1 records carry none; the list is unused).
+        """
+        schema = schema_fingerprint(self.fields)
+        if self.format_version < 3:
+            return [schema] * len(self.shards)
+        assert self.dataset_id is not None  # the manifest check requires it in v3
+        return [binding_fingerprint(schema, self.dataset_id, i) for i in range(len(self.shards))]
+
     def to_json(self) -> dict:
         """Return the JSON document written to ``manifest.json``."""
         doc = {
@@ -71,6 +91,12 @@ class Manifest:
             "shards": [s.to_json() for s in self.shards],
             "provenance": self.provenance,
         }
+        if self.format_version >= 3:
+            if self.dataset_id is None:
+                raise ValueError("a format 3 manifest needs its dataset_id")
+            doc["dataset_id"] = self.dataset_id
+            if not self.shards:
+                doc["empty"] = True
         doc.update(self.extra)
         return doc
 
@@ -111,6 +137,18 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def _refuse_stray_shards(directory: Path, path: Path) -> None:
+    """Refuse a manifest without shards beside shard files: it lost its shards rather than being empty."""
+    try:
+        stray = sorted(p.name for p in directory.iterdir() if p.name.startswith("shard-") and p.name.endswith(".lmdb"))
+    except OSError as err:
+        raise DatasetError(f"{directory}: cannot list the dataset directory ({err.strerror})") from None
+    if stray:
+        more = f" and {len(stray) - 3} more" if len(stray) > 3 else ""
+        raise DatasetError(f"{path}: invalid manifest: shards: none listed, but shard files lie beside it "
+                           f"({', '.join(stray[:3])}{more}): the manifest lost its shards")
+
+
 def load_manifest(directory: str | os.PathLike) -> Manifest:
     """Read and validate ``DIR/manifest.json``; raise DatasetError saying what is wrong."""
     directory = Path(directory)
@@ -127,9 +165,12 @@ def load_manifest(directory: str | os.PathLike) -> Manifest:
     doc = read_manifest(path)  # every value's type and range checked: DatasetError naming the key
     fields = [Field.from_json(f) for f in doc["schema"]]
     shards = [ShardInfo(s["file"], s["count"], s["bytes"], s["hash"]) for s in doc["shards"]]
-    known = {"format", "format_version", "schema", "total", "shards", "provenance"}
+    if not shards:
+        _refuse_stray_shards(directory, path)
+    known = {"format", "format_version", "schema", "total", "shards", "provenance", "dataset_id", "empty"}
     extra = {k: v for k, v in doc.items() if k not in known}
-    manifest = Manifest(fields, shards, dict(doc.get("provenance", {})), extra, doc["format_version"])
+    manifest = Manifest(fields, shards, dict(doc.get("provenance", {})), extra, doc["format_version"],
+                        doc.get("dataset_id"))
     limit = max_sample_bytes()
     sample = sum(f.nbytes for f in fields)
     if sample > limit:

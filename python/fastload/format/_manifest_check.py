@@ -42,6 +42,7 @@ LIMIT = 2**63  # every count, size and dimension is below it (the core's sizes a
 _HASH = re.compile(r"xxh3-128:[0-9a-f]{32}")
 _SHOW = reprlib.Repr()
 _SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 40
+_DATASET_ID = re.compile(r"[0-9a-f]{32}")
 _FIELD_KEYS = {"name", "dtype", "shape", "codec", "codec_options"}
 _SHARD_KEYS = {"file", "count", "bytes", "hash"}
 
@@ -132,11 +133,30 @@ def validate(doc: Any) -> None:
         raise _Invalid("shards", f"the counts add up to {total}, beyond 2**63")
     if doc["total"] != total:
         raise _Invalid("total", f"total {doc['total']} differs from the shards' sum {total}")
+    _check_identity(doc, version, bool(shards))
     if "provenance" in doc:
         _object(doc["provenance"], "provenance", set())
     if "classes" in doc:
         for i, name in enumerate(_list(doc["classes"], "classes")):
             _str(name, f"classes[{i}]")
+
+
+def _check_identity(doc: Mapping[str, Any], version: int, has_shards: bool) -> None:
+    """v3: the dataset id every record is bound to, and ``empty: true`` exactly when there are no shards."""
+    if version < 3:
+        return
+    if "dataset_id" not in doc:
+        raise _Invalid("", "missing key 'dataset_id' (a format 3 manifest names the dataset its shards are bound to)")
+    if not _DATASET_ID.fullmatch(_str(doc["dataset_id"], "dataset_id")):
+        raise _Invalid("dataset_id", f"{_show(doc['dataset_id'])} is not 32 lowercase hex digits")
+    empty = doc.get("empty", False)
+    if not isinstance(empty, bool):
+        raise _Invalid("empty", f"{_show(empty)} is not a boolean")
+    if not has_shards and not empty:
+        raise _Invalid("shards", "no shards, but the dataset was not written empty (no \"empty\": true): "
+                                 "the manifest lost its shards")
+    if has_shards and empty:
+        raise _Invalid("empty", "true, but the manifest lists shards")
 
 
 def _check_field(field: Any, where: str, names: set[str]) -> None:

@@ -1,4 +1,4 @@
-"""Shard format v2 (and reading v1): the schema and the binary record (see docs/FORMAT.md).
+"""Shard format v3 (and reading v1, v2): the schema and the binary record (see docs/FORMAT.md).
 
 This is the reference implementation in Python: the writer uses it to encode
 records and ``ShardDataset`` to decode them. The native decoder in
@@ -34,10 +34,10 @@ from ._codecs import (
 )
 from ._dtypes import NUMPY_DTYPES
 
-FORMAT_VERSION = 2  # what writers write
-READABLE_FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # what writers write
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 RECORD_MAGIC = b"FLRC"
-RECORD_VERSION = 2  # a dataset's records have its manifest's format_version
+RECORD_VERSION = 3  # a dataset's records have its manifest's format_version
 DEFAULT_ZSTD_LEVEL = 3
 # Fields per schema. The record header's count is 16-bit, but no real schema needs more than a few
 # dozen fields, and each costs every reader work and buffers per batch: 1024 leaves a wide margin.
@@ -66,8 +66,9 @@ def max_sample_bytes() -> int:
 
 
 _HEADER = struct.Struct("<4sHH")  # magic, version, field count
-_BINDING = struct.Struct("<QQ")  # v2: the record's key within its shard, the schema fingerprint
+_BINDING = struct.Struct("<QQ")  # v2, v3: the record's key within its shard, its (binding) fingerprint
 _KEY_OFFSET = _HEADER.size
+_FINGERPRINT_OFFSET = _KEY_OFFSET + 8
 _ENTRY = struct.Struct("<B3xIQQ")  # codec, reserved, encoded length, decoded length, xxh3-64
 
 
@@ -181,22 +182,48 @@ def schema_fingerprint(fields: Sequence[Field]) -> int:
     return xxhash.xxh3_64_intdigest(b"".join(parts))
 
 
-def bind_key(record: bytes, key: int) -> bytes:
-    """Return ``record`` carrying ``key`` (its index within the shard); v1 records are returned unchanged.
+def binding_fingerprint(schema: int, dataset_id: str, shard: int) -> int:
+    """Return what every v3 record of shard ``shard`` of dataset ``dataset_id`` carries (docs/FORMAT.md).
+
+    XXH3-64 of the schema fingerprint (u64), the 16 bytes of the dataset id and the shard's
+    index (u64): a record read with another schema, from another dataset or at another
+    shard position fails the same header check that v2 made for the schema alone.
+    """
+    return xxhash.xxh3_64_intdigest(struct.pack("<Q", schema) + dataset_id_bytes(dataset_id) + struct.pack("<Q", shard))
+
+
+def dataset_id_bytes(dataset_id: str) -> bytes:
+    """Return the 16 bytes of a dataset id (32 lowercase hex digits); raise ValueError otherwise."""
+    if len(dataset_id) != 32 or any(c not in "0123456789abcdef" for c in dataset_id):
+        raise ValueError(f"dataset id {dataset_id!r}: expected 32 lowercase hex digits")
+    return bytes.fromhex(dataset_id)
+
+
+def bind_key(record: bytes, key: int, binding: int | None = None) -> bytes:
+    """Return ``record`` carrying ``key`` (its index within the shard) and, when given, ``binding``.
 
     Records are encoded before the shard they land in is known; the shard
-    writer binds each to its key as it stores it.
+    writer binds each to its key (v2, v3) and to its dataset and shard
+    (v3: ``binding`` from :func:`binding_fingerprint`) as it stores it. v1
+    records are returned unchanged.
     """
     if record[4:6] == b"\x01\x00":
         return record
-    return record[:_KEY_OFFSET] + key.to_bytes(8, "little") + record[_KEY_OFFSET + 8:]
+    head = record[:_KEY_OFFSET] + key.to_bytes(8, "little")
+    if binding is None:
+        return head + record[_FINGERPRINT_OFFSET:]
+    return head + binding.to_bytes(8, "little") + record[_FINGERPRINT_OFFSET + 8:]
 
 
 class RecordEncoder:
     """Encodes samples of one schema into records. Not thread-safe: one per thread."""
 
     def __init__(self, fields: Sequence[Field], version: int = RECORD_VERSION) -> None:
-        """Encode for ``fields``; ``version`` 1 exists only so that tests can write v1 datasets."""
+        """Encode for ``fields``; versions 1 and 2 exist only so that tests can write old datasets.
+
+        A v3 record carries the schema fingerprint until the shard writer binds it
+        (:func:`bind_key`) to its dataset and shard.
+        """
         if version not in READABLE_FORMAT_VERSIONS:
             raise ValueError(f"record version {version} is not one of {READABLE_FORMAT_VERSIONS}")
         self.fields = list(fields)
@@ -263,7 +290,7 @@ class RecordEncoder:
 
 
 def record_prefix(fields: Sequence[Field], key: int, version: int = RECORD_VERSION) -> bytes:
-    """Return the fixed header that starts every record of ``fields`` (v2: with ``key`` and the fingerprint)."""
+    """Return the fixed header that starts every record of ``fields`` (v2, v3: with ``key`` and the fingerprint)."""
     prefix = _HEADER.pack(RECORD_MAGIC, version, len(fields))
     return prefix if version == 1 else prefix + _BINDING.pack(key, schema_fingerprint(fields))
 
@@ -272,10 +299,12 @@ def decode_record(record: bytes | memoryview, fields: Sequence[Field], verify: b
                   version: int = RECORD_VERSION, fingerprint: int | None = None) -> list[np.ndarray]:
     """Decode one record into one writable array per field (in schema order).
 
-    ``version`` is the dataset's format version; a v2 record must carry
-    ``key`` (when given) and the schema's fingerprint (``fingerprint``, else
-    computed from ``fields``). Raises RecordDecodeError with the reason when
-    any length, codec, key, fingerprint, checksum or bool byte is wrong.
+    ``version`` is the dataset's format version; a v2 or v3 record must carry
+    ``key`` (when given) and ``fingerprint``: v2 the schema's fingerprint, v3 the
+    shard's :func:`binding_fingerprint` (readers always pass it); when None, the
+    schema's fingerprint, which a record carries until its shard writer binds it.
+    Raises RecordDecodeError with the reason when any length, codec, key,
+    fingerprint, checksum or bool byte is wrong.
     """
     out = [np.empty(f.nbytes, dtype=np.uint8) for f in fields]
     decode_record_into(record, fields, out, verify, key=key, version=version, fingerprint=fingerprint)
@@ -324,8 +353,7 @@ def decode_record_into(record: bytes | memoryview, fields: Sequence[Field], out:
             raise RecordDecodeError(f"record of key {own_key} found under key {key} (the shard's index is damaged)")
         expected = schema_fingerprint(fields) if fingerprint is None else fingerprint
         if own_fingerprint != expected:
-            raise RecordDecodeError(f"written under another schema (fingerprint {own_fingerprint:016x}, "
-                                    f"the manifest's schema has {expected:016x})")
+            raise RecordDecodeError(_fingerprint_mismatch(version, own_fingerprint, expected))
     entries = []
     total = header
     for i, (codec_id, codec_name, nbytes, _itemsize, _bool) in enumerate(layout):
@@ -366,6 +394,14 @@ def decode_record_into(record: bytes | memoryview, fields: Sequence[Field], out:
         if is_bool and dest.size and int(dest.max()) > 1:
             at = int(np.argmax(dest > 1))
             raise RecordDecodeError(f"field {i}: bool element {at} holds byte {int(dest[at])}, not 0 or 1")
+
+
+def _fingerprint_mismatch(version: int, own: int, expected: int) -> str:
+    if version == 2:
+        return f"written under another schema (fingerprint {own:016x}, the manifest's schema has {expected:016x})"
+    return (f"written under another schema, for another dataset or for another shard position (binding "
+            f"{own:016x}, this shard of this dataset expects {expected:016x}): a shard moved, copied from "
+            "another dataset or rewritten while open")
 
 
 def _decode_payload(f: Field, payload: memoryview, expected: int, index: int) -> np.ndarray:

@@ -36,6 +36,7 @@ class VerifyReport:
     bytes: int = 0
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # not problems: e.g. an old format's weaker guarantees
 
     @property
     def ok(self) -> bool:
@@ -61,14 +62,17 @@ def _hash_file(path: Path, advance: Callable[[int], None]) -> str:
 
 def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
                 advance: Callable[[int], None] = lambda n: None, allow_external_shards: bool = False,
-                version: int = RECORD_VERSION) -> list[str]:
+                version: int = RECORD_VERSION, fingerprint: int | None = None) -> list[str]:
     """Return one line per problem of one shard: size, content hash, then every record's checksum.
 
     The file is checked as ``ShardDataset`` checks it (a regular file inside ``directory`` unless
     ``allow_external_shards``) and its LMDB structure is validated before py-lmdb reads it.
-    ``version`` is the dataset's format version (v2 records are checked against their key and schema).
+    ``version`` is the dataset's format version (v2 records are checked against their key and schema);
+    ``fingerprint`` what this shard's records carry (``Manifest.record_fingerprints``: v3, the binding
+    to the dataset and the shard's position; None: the schema's fingerprint, as in v2).
     """
-    fingerprint = schema_fingerprint(fields)
+    if fingerprint is None:
+        fingerprint = schema_fingerprint(fields)
     path = directory / shard.file
     try:
         check_shard_file(directory, shard, allow_external_shards, check_size=False)
@@ -125,6 +129,11 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
         report.problems.append(str(err))
         on_problem(str(err))
         return report
+    if manifest.format_version < 3:
+        report.notes.append(f"{directory}: format version {manifest.format_version}: its shards are not bound to "
+                            "the dataset or their positions (a shard swapped with its manifest entry, or copied "
+                            "from another dataset, reads as valid); rewrite it with this fastload to get format 3")
+    fingerprints = manifest.record_fingerprints()
     total = sum(s.bytes for s in manifest.shards)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"verify {directory.name}", disable=not progress or None,
                dynamic_ncols=True, leave=False)
@@ -136,8 +145,9 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
 
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="fastload-verify") as pool:
-            outcomes = pool.map(lambda s: check_shard(directory, s, manifest.fields, advance, allow_external_shards,
-                                                      manifest.format_version), manifest.shards)
+            outcomes = pool.map(lambda s, fp: check_shard(directory, s, manifest.fields, advance,
+                                                          allow_external_shards, manifest.format_version, fp),
+                                manifest.shards, fingerprints)
             for shard, problems in zip(manifest.shards, outcomes):
                 report.shards += 1
                 report.records += shard.count

@@ -115,10 +115,10 @@ class ConcatShardDataset(torch.utils.data.Dataset):
 
     @property
     def same_layout(self) -> bool:
-        """Return whether every dataset stores its records alike (fields and codecs), as one shard set reads."""
+        """Return whether every dataset stores its records alike (fields, codecs, format), as one shard set reads."""
         first = self.datasets[0]
         return all(ds.manifest.fields == first.manifest.fields and ds.fields == first.fields
-                   for ds in self.datasets)
+                   and ds.manifest.format_version == first.manifest.format_version for ds in self.datasets)
 
     def with_fields(self, fields: Sequence[str]) -> ConcatShardDataset:
         """Return the same concatenation yielding only ``fields``."""

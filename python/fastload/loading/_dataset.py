@@ -26,7 +26,6 @@ from ..format._record import (
     decode_record,
     decode_record_into,
     record_layout,
-    schema_fingerprint,
 )
 from ..format._shard_files import check_shard_files, record_key
 from ..format._splits import resolve_dataset_path
@@ -107,7 +106,7 @@ class ShardDataset(torch.utils.data.Dataset):
         self.verify_checksums = verify_checksums
         chosen = {f.name for f in self.fields}  # names are unique; a list's `in` made opening quadratic
         self._wanted = [f.name in chosen for f in self.manifest.fields]
-        self._fingerprint = schema_fingerprint(self.manifest.fields)
+        self._fingerprints = self.manifest.record_fingerprints()  # v3: each shard's binding to this dataset
         self._starts = [0]
         for shard in self.manifest.shards:
             self._starts.append(self._starts[-1] + shard.count)
@@ -150,7 +149,8 @@ class ShardDataset(torch.utils.data.Dataset):
                     raise CorruptRecordError(str(path), key, "key not found in the shard")
                 try:
                     arrays = decode_record(raw, self.manifest.fields, self.verify_checksums, key=key,
-                                           version=self.manifest.format_version, fingerprint=self._fingerprint)
+                                           version=self.manifest.format_version,
+                                           fingerprint=self._fingerprints[shard])
                 except RecordDecodeError as err:
                     raise CorruptRecordError(str(path), key, str(err)) from None
         except lmdb.Error as err:  # damage to the shard's B-tree, as LMDB reports it
@@ -192,7 +192,7 @@ class ShardDataset(torch.utils.data.Dataset):
                                 raise RecordDecodeError("key not found in the shard")
                             decode_record_into(raw, schema, [r[position] if r is not None else None for r in rows],
                                                verify, layout, key=key, version=version,
-                                               fingerprint=self._fingerprint)
+                                               fingerprint=self._fingerprints[shard])
                         except RecordDecodeError as err:
                             raise CorruptRecordError(str(path), key, str(err)) from None
             except lmdb.Error as err:  # damage to the shard's B-tree, as LMDB reports it
@@ -216,6 +216,9 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        if "_fingerprints" not in state:  # pickled before format v3: one schema fingerprint for every shard
+            self.__dict__.pop("_fingerprint", None)
+            self._fingerprints = self.manifest.record_fingerprints()
 
     def close(self) -> None:
         """Close the LMDB handles this process opened."""

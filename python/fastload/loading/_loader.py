@@ -412,7 +412,8 @@ class ShardLoader:
                                                settings)  # transforms are refused at construction here
         else:
             epoch_batches = NativeEpoch(self._shards, datasets[0], len(plan), self.batch_size, batch_indices,
-                                        settings, self.augment, epoch)
+                                        settings, self.augment, epoch,
+                                        [f for ds in datasets for f in ds.manifest.record_fingerprints()])
         if isinstance(self.dataset, ConcatShardDataset) and self.dataset.with_source:
             epoch_batches = WithSource(epoch_batches, self.dataset, batch_indices)
         return epoch_batches

@@ -139,8 +139,10 @@ class NativeEpoch:
 
     def __init__(self, shards: Any, dataset: ShardDataset, num_batches: int, batch_size: int,
                  batch_indices: Callable[[int], np.ndarray], settings: NativeSettings,
-                 augment: Augment | None = None, epoch: int = 0) -> None:
+                 augment: Augment | None = None, epoch: int = 0, fingerprints: Sequence[int] | None = None) -> None:
         assert _native is not None
+        if fingerprints is None:  # what each shard's records carry (v3: bound to their dataset and position)
+            fingerprints = dataset.manifest.record_fingerprints()
         schema = dataset.manifest.fields
         wanted = {f.name for f in dataset.fields}
         # What the slots hold: each field after the transforms (bfloat16 held as uint16 and viewed).
@@ -174,6 +176,7 @@ class NativeEpoch:
             [f.name in wanted for f in schema], batch_size, settings.num_threads, settings.verify_checksums,
             steps, num_params, max_sample_bytes=max_sample_bytes(),
             record_version=dataset.manifest.format_version, schema_fingerprint=schema_fingerprint(schema),
+            shard_fingerprints=list(fingerprints),
             pool=self._pool)
         if self._slots is not None:
             self._pool = self._reader.pool  # the lent one, or a new one when its buffers are of another size

@@ -28,7 +28,7 @@ def layout_groups(concat: ConcatShardDataset) -> tuple[list[list[int]], np.ndarr
     offset_in_group = np.zeros(len(concat.datasets), dtype=np.uint64)
     sizes: list[int] = []
     for j, ds in enumerate(concat.datasets):
-        key = (tuple(ds.manifest.fields), tuple(f.name for f in ds.fields))
+        key = (tuple(ds.manifest.fields), tuple(f.name for f in ds.fields), ds.manifest.format_version)
         if key not in keys:
             keys.append(key)
             groups.append([])
@@ -44,6 +44,11 @@ def open_groups(concat: ConcatShardDataset) -> list[Any]:
     """Open one native shard set per group of alike datasets."""
     groups, _, _ = layout_groups(concat)
     return [open_shards([concat.datasets[j] for j in g]) for g in groups]
+
+
+def _fingerprints(concat: ConcatShardDataset, group: list[int]) -> list[int]:
+    """Return what the records of each shard of one group's shard set carry, in its shards' order."""
+    return [f for j in group for f in concat.datasets[j].manifest.record_fingerprints()]
 
 
 class GroupedNativeEpoch:
@@ -73,7 +78,8 @@ class GroupedNativeEpoch:
             self._sizes.append(len(idx))
         self._epochs: list[NativeEpoch | None] = [
             NativeEpoch(shard_sets[group], concat.datasets[groups[group][0]], len(sub[group]), batch_size,
-                        sub[group].__getitem__, settings) if sub[group] else None
+                        sub[group].__getitem__, settings, fingerprints=_fingerprints(concat, groups[group]))
+            if sub[group] else None
             for group in range(len(groups))]
         self._delivered = 0
 

@@ -31,7 +31,8 @@ def _describe_one(directory: Path) -> str:
     m = load_manifest(directory)
     shard_bytes = sum(s.bytes for s in m.shards)
     decoded = m.total * sum(f.nbytes for f in m.fields)
-    lines = [f"dataset {directory}", f"  format version {m.format_version}, fingerprint {m.fingerprint}",
+    identity = f", dataset id {m.dataset_id}" if m.format_version >= 3 else " (shards not bound to the dataset)"
+    lines = [f"dataset {directory}", f"  format version {m.format_version}{identity}, fingerprint {m.fingerprint}",
              f"  {m.total} samples in {len(m.shards)} shards, {shard_bytes / 1e6:.2f} MB on disk, "
              f"{decoded / 1e6:.2f} MB decoded" + (f" (ratio {decoded / shard_bytes:.2f}x)" if shard_bytes else ""),
              "  fields:"]

@@ -76,6 +76,8 @@ def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bo
         except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
             print(f"{path}: verify stopped: {type(err).__name__}: {err}")
             report = VerifyReport(problems=[str(err)])
+        for note in report.notes:
+            print(f"note: {note}")
         if len(targets) > 1:
             print(report.summary(name))
         for attr in ("shards", "records", "bytes", "seconds"):
