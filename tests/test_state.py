@@ -179,3 +179,50 @@ def test_state_after_break_with_two_ranks_resumes_each_rank(small_dataset):
         seen += [b["label"] for b in resumed]
     labels = np.concatenate([t.numpy() for t in seen]).tolist()
     assert set(labels) == {7 * i for i in range(103)} and len(labels) == 104  # one wrap-around pad
+
+
+def test_state_refuses_other_transforms_naming_the_difference(small_dataset):
+    from fastload.transforms import Normalize, RandomCrop, RandomFlip
+
+    def make(**kw):
+        return ShardLoader(small_dataset, batch_size=10, shuffle=True, seed=1, **kw)
+
+    chain = [RandomCrop(2, padding=1), RandomFlip(p=0.5), Normalize(127.5, 64.0)]
+    loader = make(transforms=chain)
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    make(transforms=[RandomCrop(2, padding=1), RandomFlip(p=0.5), Normalize(127.5, 64.0)]).load_state_dict(state)
+    with pytest.raises(StateError, match=r"transforms.*op 1.*RandomFlip\(.*p=0\.5.*\).*RandomFlip\(.*p=0\.7"):
+        make(transforms=[RandomCrop(2, padding=1), RandomFlip(p=0.7), Normalize(127.5, 64.0)]).load_state_dict(state)
+    with pytest.raises(StateError, match=r"transforms.*this loader has none"):
+        make().load_state_dict(state)
+    with pytest.raises(StateError, match=r"saved without transforms.*RandomFlip"):
+        make(transforms=[RandomFlip()]).load_state_dict(json.loads(json.dumps(make().state_dict())))
+    with pytest.raises(StateError, match=r"layout='chw'.*layout='hwc'"):
+        make(transforms=chain, layout="hwc").load_state_dict(state)
+    make(layout="hwc").load_state_dict(make().state_dict())  # without transforms the layout changes nothing
+
+
+def test_state_refuses_a_batch_transform_present_on_one_side_only(small_dataset):
+    def jitter(batch, generator):
+        return batch
+
+    with_fn = ShardLoader(small_dataset, batch_size=10, batch_transform=jitter)
+    state = with_fn.state_dict()
+    assert state["batch_transform"].endswith("jitter")
+    ShardLoader(small_dataset, batch_size=10, batch_transform=lambda b, g: b).load_state_dict(state)  # not comparable
+    with pytest.raises(StateError, match=r"batch_transform=.*jitter.*this loader has no batch_transform"):
+        ShardLoader(small_dataset, batch_size=10).load_state_dict(state)
+
+
+def test_a_state_without_the_transform_fields_is_not_checked_for_them(small_dataset):
+    from fastload.transforms import RandomFlip
+
+    old = ShardLoader(small_dataset, batch_size=10, shuffle=True).state_dict()
+    for key in ("transforms", "layout", "batch_transform"):
+        del old[key]  # as saved by a fastload before these fields
+    loader = ShardLoader(small_dataset, batch_size=10, shuffle=True, transforms=[RandomFlip()],
+                         batch_transform=lambda b, g: b)
+    loader.load_state_dict(old)
+    assert loader.remaining() == 11

@@ -460,7 +460,8 @@ class ShardLoader:
             epoch, position = active.epoch, active.plan.position_after(active.delivered)
         return make_state(fingerprint=dataset_fingerprint(self.dataset), n=len(self.dataset), seed=self.seed,
                           shuffle=self.shuffle, epoch=epoch, position=position, batch_size=self.batch_size,
-                          world_size=self.world_size, sampling=self._sampling.describe())
+                          world_size=self.world_size, sampling=self._sampling.describe(),
+                          augment=self.augment.description)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a saved state: the next pass resumes its epoch at its position.
@@ -470,7 +471,7 @@ class ShardLoader:
         """
         epoch, start = check_state(state, fingerprint=dataset_fingerprint(self.dataset), n=len(self.dataset),
                                    seed=self.seed, shuffle=self.shuffle, sampling=self._sampling.describe(),
-                                   epoch_length=lambda e: self._order(e).n)
+                                   epoch_length=lambda e: self._order(e).n, augment=self.augment.description)
         self._active = None
         self._epoch, self._start, self._advance = epoch, start, False
 

@@ -69,6 +69,30 @@ class Transform:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and v is not None)
         return f"{self.name}({args})"
 
+    def describe(self) -> dict[str, Any]:
+        """Return the op and its parameters as plain JSON data: what a loader's state records to compare.
+
+        Every public attribute is a parameter; numbers are exact (floats as
+        floats), sequences lists, mappings dicts with sorted keys.
+        """
+        params = {k.rstrip("_"): _plain(v) for k, v in sorted(vars(self).items()) if not k.startswith("_")}
+        return {"op": self.name, **params}
+
+
+def _plain(value: Any) -> Any:
+    """Return ``value`` as JSON data (tuples and arrays as lists, numpy scalars as numbers, else its repr)."""
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return repr(value)
+
 
 class SpatialTransform(Transform):
     """A geometric op: one integer affine map per sample, shared by every targeted field."""
