@@ -51,7 +51,7 @@ from ._preprocess_plan import (
     warn_no_tiles,
 )
 from ._run_record import check_resume_options
-from ._sources import Source, SourceError, find_images, labels_from_dirs, split_by_source
+from ._sources import Source, SourceError, classes_without_val, find_images, labels_from_dirs, split_by_source
 
 __all__ = ["UsageError", "build_parser", "main", "parse_hw", "parse_size", "run"]
 
@@ -191,7 +191,8 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
             raise UsageError(f"--codec {args.codec}: {err}") from None
         settings: Any = StackSettings(str(data_dir), fields, args.h5_dataset, args.h5_labels)
         tiles = TileSpec()
-        plans = [stack_plan(name, part, stacks) for name, part in _split(args, sources, option_doc)]
+        parts = _split(args, sources, option_doc, classes)
+        plans = [stack_plan(name, part, stacks) for name, part in parts]
     else:
         good, infos, probe_bad = probe_all(data_dir, sources, args.npy_layout, args.mode, args.workers,
                                            args.skip_bad)
@@ -200,7 +201,8 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         ref = check_consistent(good, infos, args.tile_size is not None, args.dtype)
         tiles = TileSpec(args.tile_size, args.stride or args.tile_size, args.edge or "drop")
         info_of = {s.relpath: i for s, i in zip(good, infos)}
-        plans = [plan_split(name, part, info_of, tiles) for name, part in _split(args, sources, option_doc)]
+        parts = _split(args, sources, option_doc, classes)
+        plans = [plan_split(name, part, info_of, tiles) for name, part in parts]
         height, width = args.tile_size or (ref.height, ref.width)
         layout = args.layout or "chw"
         shape = (ref.channels, height, width) if layout == "chw" else (height, width, ref.channels)
@@ -223,7 +225,8 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
     for plan in plans:
         warn_no_tiles(plan, tiles)
     if len(plans) > 1 and labelled and not args.h5_labels:
-        warn_lopsided_classes(plans, classes)
+        no_val = {_class_name(label, classes) for label in classes_without_val(sources, parts[1][1])}
+        warn_lopsided_classes(plans, classes, expected={"val": no_val} if option_doc.get("stratify") else None)
 
     limits = ShardLimits(args.samples_per_shard, args.shard_size)
     if limits.samples is None and limits.bytes is None:
@@ -254,11 +257,23 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
     return results
 
 
-def _split(args: argparse.Namespace, sources: list[Source], option_doc: dict[str, Any]) -> list[tuple[str, list]]:
+def _split(args: argparse.Namespace, sources: list[Source], option_doc: dict[str, Any],
+           classes: list[str] | None) -> list[tuple[str, list]]:
     if args.val_fraction is None:
         return [("", sources)]
     train, val = split_by_source(sources, args.val_fraction, option_doc["seed"], option_doc["stratify"])
+    missing = classes_without_val(sources, val) if option_doc["stratify"] else {}
+    if missing:  # expected with small classes: one line, not a warning per class
+        names = ", ".join(f"{_class_name(label, classes)!r} ({n} image{'s' if n > 1 else ''})"
+                          for label, n in sorted(missing.items()))
+        print(f"stratified split: {len(val)} of {len(sources)} source images to val; {len(missing)} class(es) "
+              f"got no val image (too few images for --val-fraction {args.val_fraction}): {names}. A larger "
+              "--val-fraction, or --no-stratify (split regardless of class), changes that")
     return [("train", train), ("val", val)]
+
+
+def _class_name(label: int, classes: list[str] | None) -> str:
+    return classes[label] if classes and 0 <= label < len(classes) else str(label)
 
 
 def _provenance(option_doc: dict[str, Any], data_dir: Path, split: str | None) -> dict[str, Any]:
