@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import shlex
 import shutil
 import sys
 import time
@@ -112,22 +113,50 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _prepare_output(out: Path, overwrite: bool, resume: bool) -> None:
+def _prepare_output(out: Path, overwrite: bool, resume: bool, argv: list[str] | None = None) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
     ours = [out / MANIFEST_NAME, out / PROGRESS_NAME, out / SPLITS_NAME, *(out / s / n for s in ("train", "val")
                                                          for n in (MANIFEST_NAME, PROGRESS_NAME))]
-    looks_ours = any(p.exists() for p in ours) or all(p.name.startswith(("shard-", ".shard-")) for p in out.iterdir())
+    recorded = any(p.exists() for p in ours)
+    looks_ours = recorded or all(p.name.startswith(("shard-", ".shard-")) for p in out.iterdir())
     if resume:
-        if not looks_ours:
-            raise UsageError(f"{out}: nothing to resume here (no {PROGRESS_NAME} or {MANIFEST_NAME})")
+        if not recorded and _leftovers_only(out):  # interrupted before its first shard: nothing to keep
+            print(f"{out}: nothing completed yet: starting the run")
+        elif not looks_ours:
+            raise UsageError(f"{out}: not a fastload output (no {PROGRESS_NAME} or {MANIFEST_NAME}, and files of "
+                             f"its own); pass another --output-dir: {_rerun(argv, '--resume', other_output=True)}")
         return
     if not overwrite:
-        raise UsageError(f"{out}: exists and is not empty; pass --overwrite to replace it or --resume to "
-                         "continue an interrupted run")
-    if not looks_ours:
-        raise UsageError(f"{out}: not a fastload output directory; refusing to delete it with --overwrite")
+        if not recorded and _leftovers_only(out):
+            raise UsageError(f"{out}: holds a run interrupted before its first shard (no completed shard); "
+                             f"start it with: {_rerun(argv, '--resume')}")
+        raise UsageError(f"{out}: exists and is not empty; replace it with: {_rerun(argv, '--overwrite')}\n"
+                         f"or continue an interrupted run with: {_rerun(argv, '--resume')}")
+    if not looks_ours and not _leftovers_only(out):
+        raise UsageError(f"{out}: not a fastload output directory; refusing to delete it with --overwrite; pass "
+                         f"another --output-dir: {_rerun(argv, '--overwrite', other_output=True)}")
     shutil.rmtree(out)
+
+
+def _leftovers_only(out: Path) -> bool:
+    """Return whether ``out`` holds only what a run leaves before its first shard: split folders, partial shards."""
+    for path in out.iterdir():
+        if path.is_dir() and path.name in ("train", "val"):
+            if not _leftovers_only(path):
+                return False
+        elif not (path.is_file() and path.name.startswith(".shard-") and path.name.endswith((".build", ".tmp"))):
+            return False
+    return True
+
+
+def _rerun(argv: list[str] | None, flag: str, other_output: bool = False) -> str:
+    """Return the command line of this run with ``flag`` (and without --resume/--overwrite)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    kept = [a for a in args if a not in ("--resume", "--overwrite")]
+    if other_output and "--output-dir" in kept and kept.index("--output-dir") + 1 < len(kept):
+        kept[kept.index("--output-dir") + 1] = "NEW_DIR"
+    return shlex.join(["preprocess_tiles", *kept, *([] if other_output and flag == "--resume" else [flag])])
 
 
 def _sources_and_classes(args: argparse.Namespace, data_dir: Path) -> tuple[list[Source], list[str] | None]:
@@ -174,7 +203,7 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
     if args.resume:
         check_resume_options(args.output_dir, option_doc)
     sources, classes = _sources_and_classes(args, data_dir)
-    _prepare_output(args.output_dir, args.overwrite, args.resume)
+    _prepare_output(args.output_dir, args.overwrite, args.resume, getattr(args, "argv", None))
 
     labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
     stacks: dict[str, StackInfo] | None = None
@@ -327,6 +356,7 @@ def _summary(results: list[WriteResult], elapsed: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``preprocess_tiles`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # to name the command that works in messages
     start = time.perf_counter()
     try:
         results = run(args)
@@ -337,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preprocess_tiles: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("preprocess_tiles: interrupted; completed shards are kept, continue with --resume", file=sys.stderr)
+        print(f"preprocess_tiles: interrupted; completed shards are kept, continue with: "
+              f"{_rerun(args.argv, '--resume')}", file=sys.stderr)
         return 130
     if results:
         print(_summary(results, time.perf_counter() - start))
