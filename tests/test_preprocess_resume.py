@@ -93,3 +93,18 @@ def test_messages_about_the_output_folder_name_the_command_that_works(tmp_path, 
     r = preprocess(scenes, stranger, "--tile-size", "64", "--resume")
     assert r.returncode == 2 and "not a fastload output" in r.stderr and "--output-dir" in r.stderr
     assert (stranger / "notes.txt").exists()
+
+
+def test_manifests_record_the_source_folder_relative_to_the_dataset(tmp_path, scenes):
+    out = tmp_path / "o"
+    assert preprocess(scenes, out, "--tile-size", "64", "--val-fraction", "0.25").returncode == 0
+    for doc in (out / "train" / "manifest.json", out / "val" / "manifest.json", out / "splits.json"):
+        text = doc.read_text()
+        assert str(scenes) not in text and str(tmp_path) not in text  # no absolute path of this machine
+        recorded = json.loads(text)["provenance"]["source_root"]
+        assert (doc.parent / recorded).resolve() == scenes.resolve()
+    r = run_cli("fastload", "info", str(out / "train"))
+    assert f"from {Path('..', '..', scenes.name)}" in r.stdout or "from ../../" in r.stdout
+    assert preprocess(scenes, tmp_path / "abs", "--tile-size", "64", "--absolute-source-root").returncode == 0
+    assert json.loads((tmp_path / "abs" / "manifest.json").read_text())["provenance"]["source_root"] == \
+        str(scenes.resolve())

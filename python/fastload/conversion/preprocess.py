@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shlex
 import shutil
 import sys
@@ -110,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     mode.add_argument("--resume", action="store_true", help="continue an interrupted run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--absolute-source-root", action="store_true",
+                   help="record the absolute path of --data-dir in the manifests (default: relative to the dataset)")
     return p
 
 
@@ -266,7 +269,7 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         if args.resume and (out / MANIFEST_NAME).exists():
             print(f"{out}: already complete")
             continue
-        provenance = _provenance(option_doc, data_dir, plan.name)
+        provenance = _provenance(option_doc, data_dir, plan.name, out, args.absolute_source_root)
         if choice is not None:
             provenance["codec_choice"] = {"image": choice.to_json()}
         bad = [b for b in probe_bad if b["path"] in plan.all_paths]
@@ -281,7 +284,8 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         per_class = labelled and not args.h5_labels
         index = {p.name: {"path": p.name, "samples": p.samples, "sources": len(p.sources),
                           "class_counts": class_counts(p, classes) if per_class else None} for p in plans}
-        write_splits(args.output_dir, index, _provenance(option_doc, data_dir, None))
+        write_splits(args.output_dir, index, _provenance(option_doc, data_dir, None, args.output_dir,
+                                                         args.absolute_source_root))
     _print_plans(plans, classes, labelled and not args.h5_labels)
     return results
 
@@ -305,10 +309,25 @@ def _class_name(label: int, classes: list[str] | None) -> str:
     return classes[label] if classes and 0 <= label < len(classes) else str(label)
 
 
-def _provenance(option_doc: dict[str, Any], data_dir: Path, split: str | None) -> dict[str, Any]:
+def _provenance(option_doc: dict[str, Any], data_dir: Path, split: str | None, out: Path,
+                absolute: bool = False) -> dict[str, Any]:
     return {"tool": f"fastload preprocess_tiles {__version__}", "options": option_doc,
-            "source_root": str(data_dir), "split": split or None,
+            "source_root": _source_root(data_dir, out, absolute), "split": split or None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _source_root(data_dir: Path, out: Path, absolute: bool) -> str:
+    """Return --data-dir as the manifest in ``out`` records it.
+
+    Relative to ``out`` (a shared dataset names no user's home), or absolute
+    when asked; from another drive (Windows), the folder's name only.
+    """
+    if absolute:
+        return str(data_dir.resolve())
+    try:
+        return Path(os.path.relpath(data_dir.resolve(), out.resolve())).as_posix()
+    except ValueError:
+        return data_dir.name
 
 
 def _print_plans(plans: list[SplitPlan], classes: list[str] | None, labelled: bool) -> None:
