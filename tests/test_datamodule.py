@@ -1,8 +1,8 @@
 """ShardDataModule: loaders per split, state delegation, and no Lightning import at fastload import time."""
 
 import subprocess
-import warnings
 import sys
+import warnings
 
 import numpy as np
 import pytest

@@ -118,13 +118,15 @@ def test_stratified_split_of_large_classes_is_the_per_class_share():
 def test_split_errors_name_the_option_that_helps():
     from fastload.conversion._sources import SourceError, split_by_source
 
-    with pytest.raises(SourceError, match=r"'val'.*0\.1 of 3 source images rounds to 0.*change --val-fraction \(0\.34 or more"):
+    with pytest.raises(SourceError,
+                       match=r"'val'.*0\.1 of 3 source images rounds to 0.*change --val-fraction \(0\.34 or more"):
         split_by_source(_classes(3), 0.1, 0)
     with pytest.raises(SourceError, match=r"every class has a single image.*--no-stratify"):
         split_by_source(_classes(1, 1, 1, 1), 0.5, 0, stratify=True)
     train, val = split_by_source(_classes(1, 1, 1, 1), 0.5, 0)  # without stratification it splits
     assert len(val) == 2
-    with pytest.raises(SourceError, match=r"'train'.*0\.9 of 2 source images rounds to 2.*--val-fraction \(0\.5 or less"):
+    with pytest.raises(SourceError,
+                       match=r"'train'.*0\.9 of 2 source images rounds to 2.*--val-fraction \(0\.5 or less"):
         split_by_source(_classes(2), 0.9, 0)
 
 

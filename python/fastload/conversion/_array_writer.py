@@ -86,7 +86,9 @@ def check_codecs(codec: str | Mapping[str, str], names: Sequence[str] | None) ->
         if c not in CODECS and c != "auto":
             where = "" if name is None else f" for field {name!r}"
             raise ValueError(f"unknown codec {c!r}{where}; use one of {[*CODECS, 'auto']}")
-    unknown = [n for n in per_field if n is not None and names is not None and n not in names]
+    if names is None:
+        return
+    unknown = [n for n in per_field if n is not None and n not in names]
     if unknown:
         raise ValueError(f"codec names field(s) {unknown} that the data does not have; its fields are {list(names)}")
 

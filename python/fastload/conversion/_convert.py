@@ -225,7 +225,8 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
 
 def _plan_fields(first: dict[str, np.ndarray], codec: str | Mapping[str, str], level: int | None,
                  layout: str | None, quality: int | None, subsampling: str | None, prefer: str, lossy_ok: bool,
-                 auto_samples: Callable[[], list[dict[str, np.ndarray]]]) -> tuple[tuple[Field, ...], dict[str, Choice]]:
+                 auto_samples: Callable[[], list[dict[str, np.ndarray]]],
+                 ) -> tuple[tuple[Field, ...], dict[str, Choice]]:
     """Return the schema of the first sample under ``codec`` (as ``write_arrays``) and auto's choices.
 
     A single codec applies to the arrays and leaves scalars raw; a mapping

@@ -83,8 +83,9 @@ def split_by_source(sources: list[Source], val_fraction: float, seed: int,
     groups: dict[int | None, list[Source]] = {}
     for s in sources:
         groups.setdefault(s.label if stratify else None, []).append(s)
-    counts = _stratified_counts({k: len(v) for k, v in groups.items()}, val_fraction, total, seed) if stratify else {
-        None: total}
+    counts: dict[int | None, int] = {None: total}
+    if stratify:
+        counts = _stratified_counts({k: len(v) for k, v in groups.items()}, val_fraction, total, seed)
     if not any(counts.values()):
         raise SourceError(f"a stratified split keeps one image of each class in train, and every class has a single "
                           f"image ({n} images): pass --no-stratify to split regardless of class")
@@ -96,7 +97,7 @@ def split_by_source(sources: list[Source], val_fraction: float, seed: int,
 
 
 def _stratified_counts(sizes: dict[int | None, int], val_fraction: float, total: int, seed: int) -> dict[Any, int]:
-    """Return val images per class: largest-remainder rounding of the shares to ``total``, each class keeping a train image."""
+    """Return val images per class: the shares rounded to ``total`` by largest remainder, one train image kept."""
     fraction = Fraction(str(val_fraction))  # exact shares: 0.1 * 30 is 3, not 3.0000000000000004
     shares = {k: fraction * n for k, n in sizes.items()}
     counts = {k: min(int(q), sizes[k] - 1) for k, q in shares.items()}

@@ -68,8 +68,9 @@ class ShardDataModule(_lightning_base()):  # type: ignore[misc]
         random = [op for op in eval_transforms or () if getattr(op, "random", False)]
         if random and not allow_random_eval_transforms:
             raise ValueError(f"eval_transforms holds {', '.join(map(repr, random))}, which draw random parameters "
-                             "per sample: validation and test batches would change every epoch; use deterministic ops (CenterCrop, Resize, Normalize, ...) or pass "
-                             "allow_random_eval_transforms=True for test-time augmentation")
+                             "per sample: validation and test batches would change every epoch; use deterministic "
+                             "ops (CenterCrop, Resize, Normalize, ...) or pass allow_random_eval_transforms=True "
+                             "for test-time augmentation")
         self.transforms = list(transforms) if transforms is not None else None
         self.eval_transforms = list(eval_transforms) if eval_transforms is not None else None
         self.batch_transform, self.eval_batch_transform = batch_transform, eval_batch_transform

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import FastloadWarning
-
 from ._ops import (
     FillTransform,
     Normalize,
