@@ -153,3 +153,59 @@ def test_bad_arguments(tmp_path):
     fastload.write_dataset(Tiles(n=5), tmp_path / "x", names=("image", "label"), progress=False)
     with pytest.raises(FileExistsError, match="overwrite=True"):
         fastload.write_dataset(Tiles(n=5), tmp_path / "x", names=("image", "label"))
+
+
+def photo(i: int, shape=(24, 32, 3)) -> np.ndarray:
+    """A smooth image (png and jpeg compress it as they do photographs), height x width x channels."""
+    y, x = np.mgrid[: shape[0], : shape[1]]
+    base = (x * 5 + y * 3 + i * 7)[..., None] + np.arange(shape[2]) * 40
+    return (base % 256).astype(np.uint8)
+
+
+class Photos(torch.utils.data.Dataset):
+    def __init__(self, n: int = 40, chw: bool = False) -> None:
+        self.n, self.chw = n, chw
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        image = photo(i)
+        return {"image": image.transpose(2, 0, 1).copy() if self.chw else image, "label": i % 3}
+
+
+def test_write_dataset_png_and_jpeg_with_layout_and_per_field_codecs(tmp_path):
+    m = fastload.write_dataset(Photos(), tmp_path / "png", codec={"image": "png"}, layout="hwc",
+                               samples_per_shard=16, progress=False)
+    assert [(f.name, f.codec, dict(f.codec_options)) for f in m.fields] == [
+        ("image", "png", {"layout": "hwc", "level": 6}), ("label", "raw", {})]
+    ds = fastload.ShardDataset(tmp_path / "png")
+    assert np.array_equal(ds[5]["image"].numpy(), photo(5)) and int(ds[5]["label"]) == 2
+    m = fastload.write_dataset(Photos(chw=True), tmp_path / "png_chw", codec="png", samples_per_shard=16,
+                               progress=False)  # a single codec: arrays get it, scalars stay raw; chw guessed
+    assert [(f.codec, f.codec_options.get("layout")) for f in m.fields] == [("png", "chw"), ("raw", None)]
+    m = fastload.write_dataset(Photos(), tmp_path / "jpeg", codec={"image": "jpeg"}, layout="hwc", quality=95,
+                               subsampling="444", progress=False)
+    assert dict(m.fields[0].codec_options) == {"layout": "hwc", "quality": 95, "subsampling": "444"}
+    got = fastload.ShardDataset(tmp_path / "jpeg")[3]["image"].numpy().astype(int)
+    assert np.abs(got - photo(3)).mean() < 3
+    with pytest.raises(ValueError, match=r"codec names field\(s\) \['img'\].*\['image', 'label'\]"):
+        fastload.write_dataset(Photos(), tmp_path / "typo", codec={"img": "png"}, progress=False)
+    with pytest.raises(ValueError, match=r"unknown codec 'webp' for field 'image'"):
+        fastload.write_dataset(Photos(), tmp_path / "webp", codec={"image": "webp"}, progress=False)
+
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_write_dataset_codec_auto_prints_and_records_its_choice(tmp_path, capsys, iterable):
+    source = Photos() if not iterable else (Photos()[i] for i in range(40))
+    m = fastload.write_dataset(source, tmp_path / "auto", codec="auto", layout="hwc", prefer="size",
+                               samples_per_shard=16, progress=True)
+    out = capsys.readouterr().out
+    assert "codec auto (size) for 'image':" in out and "jpeg" not in out  # lossy only with lossy_ok
+    choice = m.provenance["codec_choice"]["image"]
+    assert choice["chosen"] == m.fields[0].codec != "raw" and choice["prefer"] == "size"
+    assert m.fields[1].codec == "raw" and "label" not in m.provenance["codec_choice"]  # scalars stay raw
+    assert m.total == 40 and np.array_equal(fastload.ShardDataset(tmp_path / "auto")[39]["image"].numpy(), photo(39))
+    m = fastload.write_dataset(Photos(), tmp_path / "lossy", codec={"image": "auto"}, layout="hwc", prefer="size",
+                               lossy_ok=True, progress=False)
+    assert "jpeg" in [t["codec"] for t in m.provenance["codec_choice"]["image"]["trials"]]

@@ -98,7 +98,8 @@ def test_abandoned_pass_without_set_epoch_moves_to_the_next_epoch(small_dataset)
             assert batch["label"].tolist() == full[epoch][i]
             if i == 2:
                 break
-        assert loader.epoch == epoch + 1 and loader.state_dict()["position"] == 0
+        assert loader.epoch == epoch + 1  # the next pass's epoch; the state says where this one stopped
+        assert (loader.state_dict()["epoch"], loader.state_dict()["position"]) == (epoch, 30)
 
 
 def test_a_pass_that_never_started_changes_nothing(small_dataset):
@@ -227,4 +228,20 @@ def test_batches_running_out_early_is_an_error_not_an_epoch_end(small_dataset):
     it._inner.close()  # the reader stops (as a closed native epoch does) with 10 batches still planned
     with pytest.raises(RuntimeError, match="a pass over 11 batches stopped after 1"):
         next(it)
-    assert loader.epoch == 1 and loader.state_dict()["position"] == 0  # abandoned, not completed
+    assert loader.epoch == 1 and loader.remaining() == 11  # abandoned, not completed: the next pass reads epoch 1
+    assert (loader.state_dict()["epoch"], loader.state_dict()["position"]) == (0, 10)  # where the data stopped
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pickle_after_break_keeps_where_the_data_stopped_and_the_pending_advance(small_dataset, backend):
+    def make():
+        return ShardLoader(small_dataset, batch_size=10, shuffle=True, seed=6, backend=backend, num_workers=0)
+
+    loader = make()
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    copy = pickle.loads(pickle.dumps(loader))
+    assert copy.state_dict() == loader.state_dict() and loader.state_dict()["position"] == 30
+    assert copy.epoch == loader.epoch == 1
+    assert labels(copy) == labels(loader)  # both read epoch 1 from its start

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
+import fastload
+
 
 @pytest.fixture(scope="session")
 def scenes(tmp_path_factory) -> Path:
@@ -55,3 +57,54 @@ def test_resume_of_a_split_root_with_other_options_is_refused(tmp_path, scenes):
     assert r.returncode == 2 and "--val-fraction: recorded 0.5, now 0.25" in r.stderr
     r = preprocess(scenes, out, "--val-fraction", "0.5", "--seed", "1", "--resume")
     assert r.returncode == 2 and "--seed: recorded 0, now 1" in r.stderr
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_resume_of_a_run_interrupted_before_its_first_shard_starts_it(tmp_path, scenes, split):
+    out = tmp_path / "o"
+    options = ("--tile-size", "64", "--val-fraction", "0.25") if split else ("--tile-size", "64")
+    leftover = out / "train" if split else out  # what an early Ctrl-C leaves: folders, a shard being built
+    leftover.mkdir(parents=True)
+    (leftover / ".shard-00000.lmdb.build").write_bytes(b"\0" * 100)
+    if split:
+        (out / "val").mkdir()
+    r = preprocess(scenes, out, *options)
+    assert r.returncode == 2 and "no completed shard" in r.stderr
+    assert f"preprocess_tiles --data-dir {scenes} --output-dir {out} --no-progress {' '.join(options)} --resume" \
+        in r.stderr  # the command that works, in full
+    r = preprocess(scenes, out, *options, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "nothing completed yet: starting the run" in r.stdout
+    assert not list(out.rglob("*.build"))
+    root = fastload.ShardDataset(out, split="train") if split else fastload.ShardDataset(out)
+    assert len(root) > 0
+
+
+def test_messages_about_the_output_folder_name_the_command_that_works(tmp_path, scenes):
+    out = tmp_path / "o"
+    assert preprocess(scenes, out, "--tile-size", "64").returncode == 0
+    r = preprocess(scenes, out, "--tile-size", "64")
+    assert r.returncode == 2 and "--overwrite" in r.stderr
+    assert f"preprocess_tiles --data-dir {scenes} --output-dir {out} --no-progress --tile-size 64 --overwrite" \
+        in r.stderr
+    stranger = tmp_path / "mine"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("keep me")
+    r = preprocess(scenes, stranger, "--tile-size", "64", "--resume")
+    assert r.returncode == 2 and "not a fastload output" in r.stderr and "--output-dir" in r.stderr
+    assert (stranger / "notes.txt").exists()
+
+
+def test_manifests_record_the_source_folder_relative_to_the_dataset(tmp_path, scenes):
+    out = tmp_path / "o"
+    assert preprocess(scenes, out, "--tile-size", "64", "--val-fraction", "0.25").returncode == 0
+    for doc in (out / "train" / "manifest.json", out / "val" / "manifest.json", out / "splits.json"):
+        text = doc.read_text()
+        assert str(scenes) not in text and str(tmp_path) not in text  # no absolute path of this machine
+        recorded = json.loads(text)["provenance"]["source_root"]
+        assert (doc.parent / recorded).resolve() == scenes.resolve()
+    r = run_cli("fastload", "info", str(out / "train"))
+    assert f"from {Path('..', '..', scenes.name)}" in r.stdout or "from ../../" in r.stdout
+    assert preprocess(scenes, tmp_path / "abs", "--tile-size", "64", "--absolute-source-root").returncode == 0
+    assert json.loads((tmp_path / "abs" / "manifest.json").read_text())["provenance"]["source_root"] == \
+        str(scenes.resolve())

@@ -117,7 +117,7 @@ def test_torchrun_snippet_splits_and_resumes(shards, tmp_path):
 def test_sampling_snippet_runs_as_written(shards, tmp_path, monkeypatch):
     source = snippet("Sampling", {"batch_size=256": "batch_size=10"})
     source = source.replace("    ...\n", "    seen.append(batch)\n")
-    monkeypatch.chdir(shards.parent)
+    monkeypatch.chdir(tmp_path)  # the snippet writes its own stand-in shards/ (103 train, 25 val samples)
     namespace: dict = {"seen": []}
     exec(compile(source, "README.md (Sampling)", "exec"), namespace)
     fold, balanced, batches = namespace["fold"], namespace["balanced"], namespace["seen"]

@@ -374,3 +374,19 @@ def test_native_kernels_equal_the_reference_bitwise(dtype_dataset):
                     assert bits(tensor) == np.ascontiguousarray(expected[name]).tobytes(), (ops, seed, name)
                     checked += 1
     assert checked > 0
+
+
+def test_normalize_with_0_1_statistics_on_uint8_input_warns_naming_the_unit_mismatch(small_dataset):
+    import warnings
+
+    from fastload import FastloadWarning, ShardLoader
+    from fastload.transforms import Normalize, ToDtype
+
+    imagenet = Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    with pytest.warns(FastloadWarning, match=r"Normalize.*0-1.*'image' is uint8.*0-255.*ToDtype\(scale=1 / 255\)"):
+        ShardLoader(small_dataset, batch_size=10, transforms=[imagenet])
+    assert issubclass(FastloadWarning, UserWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ShardLoader(small_dataset, batch_size=10, transforms=[ToDtype(scale=1 / 255), imagenet])  # units agree
+        ShardLoader(small_dataset, batch_size=10, transforms=[Normalize([123.7, 116.3, 103.5], [58.4, 57.1, 57.4])])

@@ -21,6 +21,7 @@ from .errors import (
     CorruptShardError,
     DatasetError,
     FastloadError,
+    FastloadWarning,
     SchemaMismatchError,
     ShardNotFoundError,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "EpochDataLoader",
     "EpochOrder",
     "FastloadError",
+    "FastloadWarning",
     "Field",
     "MixedShardDataset",
     "ORDER_VERSION",

@@ -11,6 +11,7 @@ __all__ = [
     "CorruptShardError",
     "DatasetError",
     "FastloadError",
+    "FastloadWarning",
     "SchemaMismatchError",
     "ShardNotFoundError",
 ]
@@ -18,6 +19,10 @@ __all__ = [
 
 class FastloadError(Exception):
     """Base class of every error fastload raises about data or arguments."""
+
+
+class FastloadWarning(UserWarning):
+    """A visible warning about something that works but probably not as meant (a unit mismatch, an option ignored)."""
 
 
 class DatasetError(FastloadError):

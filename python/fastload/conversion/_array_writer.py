@@ -5,18 +5,18 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
 from ..errors import SchemaMismatchError
-from ..format._codecs import IMAGE_CODECS, default_options, guess_layout
+from ..format._codecs import CODECS, IMAGE_CODECS, default_options, guess_layout
 from ..format._dtypes import dtype_name
 from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import Field, RecordEncoder
-from ._auto import choose_codec, sample_indices
+from ._auto import Choice, choose_codec, sample_indices
 from ._shard_writer import dataset_id, write_shard
 
 
@@ -53,21 +53,17 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     if len(set(counts.values())) != 1:
         raise SchemaMismatchError(f"fields differ in sample count: {counts}")
     n = next(iter(counts.values()))
+    check_codecs(codec, list(arrays))
     fields = []
     choices = {}
     for name, a in arrays.items():
         field_codec = codec if isinstance(codec, str) else codec.get(name, "raw")
-        shape = tuple(a.shape[1:])
-        image_codec = field_codec in IMAGE_CODECS or field_codec == "auto"
-        field_layout = (layout or guess_layout(shape)) if image_codec and len(shape) == 3 else None
         if field_codec == "auto":
-            sample = np.asarray(a[sample_indices(len(a), a[0].nbytes if len(a) else 0)]) if len(a) else a
-            choice = choose_codec(name, sample, field_layout, prefer, lossy_ok)
+            a = np.asarray(a[sample_indices(len(a), a[0].nbytes if len(a) else 0)]) if len(a) else a
+        field, choice = plan_field(name, a, field_codec, level, layout, quality, subsampling, prefer, lossy_ok)
+        fields.append(field)
+        if choice is not None:
             choices[name] = choice.to_json()
-            fields.append(choice.field)
-            continue
-        options = default_options(field_codec, level, field_layout, quality, subsampling)
-        fields.append(Field(name, dtype_name(a.dtype), shape, field_codec, options))
     out.mkdir(parents=True, exist_ok=True)
     encoder = RecordEncoder(fields)
     shards = []
@@ -94,3 +90,37 @@ def _identity(arrays: Mapping[str, np.ndarray], samples_per_shard: int) -> str:
         for start in range(0, len(a), 4096):  # in slices: a memory-mapped array is not copied whole
             h.update(np.ascontiguousarray(a[start:start + 4096]).data)
     return f"write_arrays samples_per_shard={samples_per_shard} content={h.hexdigest()}"
+
+
+def check_codecs(codec: str | Mapping[str, str], names: Sequence[str] | None) -> None:
+    """Refuse an unknown codec, or a per-field mapping naming a field the data does not have (``names``)."""
+    per_field = {None: codec} if isinstance(codec, str) else dict(codec)
+    for name, c in per_field.items():
+        if c not in CODECS and c != "auto":
+            where = "" if name is None else f" for field {name!r}"
+            raise ValueError(f"unknown codec {c!r}{where}; use one of {[*CODECS, 'auto']}")
+    if names is None:
+        return
+    unknown = [n for n in per_field if n is not None and n not in names]
+    if unknown:
+        raise ValueError(f"codec names field(s) {unknown} that the data does not have; its fields are {list(names)}")
+
+
+def plan_field(name: str, samples: np.ndarray, codec: str, level: int | None = None, layout: str | None = None,
+               quality: int | None = None, subsampling: str | None = None, prefer: str = "balanced",
+               lossy_ok: bool = False) -> tuple[Field, Choice | None]:
+    """Return the field of ``samples`` (``[n, *field shape]``) stored with ``codec``, and auto's choice if any.
+
+    ``layout`` applies to 3-D fields under an image codec (or auto), guessed
+    when only one reading has 1 to 4 channels; ``level``, ``quality`` and
+    ``subsampling`` fill the codec's options (``default_options``). With
+    ``"auto"`` the codecs that fit are tried on ``samples`` (``choose_codec``).
+    """
+    shape = tuple(samples.shape[1:])
+    image_codec = codec in IMAGE_CODECS or codec == "auto"
+    field_layout = (layout or guess_layout(shape)) if image_codec and len(shape) == 3 else None
+    if codec == "auto":
+        choice = choose_codec(name, samples, field_layout, prefer, lossy_ok)
+        return choice.field, choice
+    options = default_options(codec, level, field_layout, quality, subsampling)
+    return Field(name, dtype_name(samples.dtype), shape, codec, options), None

@@ -22,18 +22,24 @@ import itertools
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from ..errors import SchemaMismatchError
+from ..format._codecs import default_options
 from ..format._manifest import MANIFEST_NAME, Manifest
-from ..format._record import CODECS, DEFAULT_ZSTD_LEVEL, Field, RecordEncoder
+from ..format._record import Field, RecordEncoder
+from ._array_writer import check_codecs, plan_field
+from ._auto import MAX_SAMPLES, PREFERENCES, Choice, sample_indices
 from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
 from ._dataset_writer import PROGRESS_NAME, ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
 from ._run_record import check_resume_options
-from ._samples import check_sample, infer_fields, sample_arrays
+from ._samples import check_sample, sample_arrays
 from ._sources import Source
 
 CHUNK_BYTES = 8 << 20
@@ -83,10 +89,12 @@ def _prepare(out: Path, overwrite: bool, resume: bool) -> None:
     shutil.rmtree(out)
 
 
-def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw", level: int | None = None,
-                  samples_per_shard: int | None = None, shard_size: str | None = "256MB", workers: int = 1,
-                  resume: bool = False, overwrite: bool = False, names: Sequence[str] | None = None,
-                  progress: bool = True) -> Manifest:
+def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str, str] = "raw",
+                  level: int | None = None, samples_per_shard: int | None = None, shard_size: str | None = "256MB",
+                  workers: int = 1, resume: bool = False, overwrite: bool = False,
+                  names: Sequence[str] | None = None, progress: bool = True, layout: str | None = None,
+                  quality: int | None = None, subsampling: str | None = None, prefer: str = "balanced",
+                  lossy_ok: bool = False) -> Manifest:
     """Write every sample of ``source`` as a shard dataset in ``out_dir`` and return its manifest.
 
     ``source``: a map-style or iterable torch ``Dataset``, a HuggingFace
@@ -95,15 +103,28 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw"
     numpy arrays, tensors, PIL images or scalars. The schema comes from the
     first sample; a later sample that differs raises SchemaMismatchError
     naming its index and field. Shards close at ``samples_per_shard`` samples
-    and/or ``shard_size`` bytes (``"512MB"``); arrays use ``codec`` (``level``
-    for zstd), scalars are stored raw. The output is byte-identical for any
+    and/or ``shard_size`` bytes (``"512MB"``). Codecs as ``write_arrays``
+    and ``preprocess_tiles``: ``codec`` is one codec for every array (scalars
+    stay raw) or a mapping per field (fields not named are raw); ``level``
+    (zstd, lz4, png), ``layout`` ('chw' or 'hwc': 3-D fields under png or
+    jpeg, guessed when only one reading has 1 to 4 channels), ``quality`` and
+    ``subsampling`` (jpeg); ``"auto"`` tries the codecs that fit on up to 64
+    samples spread over the dataset (the first ones of an iterable), picks by
+    ``prefer``, jpeg only with ``lossy_ok``, prints its choice (with
+    ``progress``) and records it in the manifest's ``provenance.codec_choice``.
+    The output is byte-identical for any
     ``workers``; ``resume=True`` continues an interrupted write (ValueError
     when the options differ from the recorded ones).
     """
-    if codec not in CODECS:
-        raise ValueError(f"unknown codec {codec!r}; use one of {list(CODECS)}")
-    if level is not None and (codec == "raw" or not ZSTD_LEVELS[0] <= level <= ZSTD_LEVELS[1]):
-        raise ValueError(f"level {level} is not valid for codec {codec!r} (zstd codecs take 1 to 22)")
+    check_codecs(codec, None)  # the field names are checked once the first sample gives them
+    used = {codec} if isinstance(codec, str) else set(codec.values())
+    if level is not None and used <= {"raw"}:
+        raise ValueError(f"level {level} is not valid for codec 'raw' (it takes no level)")
+    zstd = sorted(used & {"zstd", "zstd-shuffle"})
+    if level is not None and zstd and not ZSTD_LEVELS[0] <= level <= ZSTD_LEVELS[1]:
+        raise ValueError(f"level {level} is not valid for codec {zstd[0]!r} (zstd codecs take 1 to 22)")
+    if prefer not in PREFERENCES:
+        raise ValueError(f"prefer must be one of {PREFERENCES}, not {prefer!r}")
     if workers < 1 or (samples_per_shard is not None and samples_per_shard < 1):
         raise ValueError(f"workers and samples_per_shard must be positive, not {workers} and {samples_per_shard}")
     try:
@@ -116,9 +137,14 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw"
     map_style = _is_map_style(source)
     if map_style and hasattr(source, "with_format") and type(source).__module__.startswith("datasets"):
         source = source.with_format("numpy")
-    options = {"codec": codec, "level": (level or DEFAULT_ZSTD_LEVEL) if codec != "raw" else None,
+    single = isinstance(codec, str) and codec != "auto"
+    options = {"codec": codec if isinstance(codec, str) else dict(sorted(codec.items())),
+               "level": default_options(codec, level).get("level") if single else level,  # type: ignore[arg-type]
                "samples_per_shard": samples_per_shard, "shard_size": shard_bytes,
                "names": list(names) if names is not None else None, "chunk_bytes": CHUNK_BYTES}
+    image_options = {"layout": layout, "quality": quality, "subsampling": subsampling,
+                     "prefer": prefer if "auto" in used else None, "lossy_ok": lossy_ok or None}
+    options.update({k: v for k, v in image_options.items() if v is not None})  # recorded only when they matter
     if resume:
         try:
             check_resume_options(out, options)
@@ -137,6 +163,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw"
             raise ValueError(f"{type(source).__name__}: the dataset is empty; nothing to write")
         first = sample_arrays(source[0], 0, tuple_names)
         rest: Iterator[Any] = iter(())
+        head: list[dict[str, Any]] = []
     else:
         count = None
         iterator = iter(source)
@@ -145,8 +172,15 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw"
         except StopIteration:
             raise ValueError(f"{type(source).__name__}: the iterable is empty; nothing to write") from None
         rest = iterator
-    opts = {"level": int(level or DEFAULT_ZSTD_LEVEL)} if codec != "raw" else {}
-    fields = infer_fields(first, codec, opts)
+        head = []
+    if "auto" in used and not map_style:  # auto measures the first samples of a stream, kept to be written
+        wanted = len(sample_indices(MAX_SAMPLES, max(1, sum(a.nbytes for a in first.values()))))
+        head = [sample_arrays(s, i, tuple_names) for i, s in enumerate(itertools.islice(rest, wanted - 1), 1)]
+    fields, choices = _plan_fields(first, codec, level, layout, quality, subsampling, prefer, lossy_ok,
+                                   lambda: _auto_samples(source, count, first, head, tuple_names))
+    for choice in choices.values():
+        if progress:
+            print(choice.summary())
     sample_bytes = max(1, sum(f.nbytes for f in fields))
     chunk = max(1, CHUNK_BYTES // sample_bytes)
     settings = _Settings(fields, tuple_names)
@@ -162,7 +196,8 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw"
     def iterable_tasks(start: tuple[int, int]) -> Iterator[Task]:
         if start[0] > 0:  # every sample is written already
             return
-        samples = itertools.chain([first], (sample_arrays(s, i, tuple_names) for i, s in enumerate(rest, 1)))
+        samples = itertools.chain([first], head, (sample_arrays(s, i, tuple_names)
+                                                  for i, s in enumerate(rest, 1 + len(head))))
         for _ in itertools.islice(samples, start[1]):  # written before the interruption
             pass
         index, pending = start[1], []  # type: tuple[int, list[dict[str, Any]]]
@@ -176,6 +211,8 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw"
 
     provenance = {"tool": "fastload.write_dataset", "source": kind, "options": options,
                   "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if choices:
+        provenance["codec_choice"] = {name: choice.to_json() for name, choice in choices.items()}
     job = WriteJob(out, settings, [Source(kind)], [count] if count is not None else None, [],
                    ShardLimits(samples_per_shard, shard_bytes), provenance,
                    tasks=map_tasks if map_style else iterable_tasks,
@@ -184,3 +221,45 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw"
                    worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample")
     return write_job(job, workers, skip_bad=False, resume=resume, progress=progress).manifest
 
+
+
+def _plan_fields(first: dict[str, np.ndarray], codec: str | Mapping[str, str], level: int | None,
+                 layout: str | None, quality: int | None, subsampling: str | None, prefer: str, lossy_ok: bool,
+                 auto_samples: Callable[[], list[dict[str, np.ndarray]]],
+                 ) -> tuple[tuple[Field, ...], dict[str, Choice]]:
+    """Return the schema of the first sample under ``codec`` (as ``write_arrays``) and auto's choices.
+
+    A single codec applies to the arrays and leaves scalars raw; a mapping
+    names each field's codec (others raw). ``auto_samples`` is called once,
+    only when a field is ``"auto"``.
+    """
+    if not first:
+        raise SchemaMismatchError("sample 0 has no fields")
+    if not isinstance(codec, str):
+        check_codecs(codec, list(first))
+    fields, choices, sampled = [], {}, None
+    for name, arr in first.items():
+        field_codec = codec.get(name, "raw") if not isinstance(codec, str) else ("raw" if arr.ndim == 0 else codec)
+        stack = arr[None]
+        if field_codec == "auto":
+            sampled = sampled if sampled is not None else auto_samples()
+            stack = np.stack([s[name] for s in sampled if s[name].shape == arr.shape and s[name].dtype == arr.dtype])
+        try:
+            field, choice = plan_field(name, stack, field_codec, level, layout, quality, subsampling, prefer, lossy_ok)
+        except SchemaMismatchError:
+            raise
+        except ValueError as err:
+            raise SchemaMismatchError(f"sample 0 field {name!r}: {err}") from None
+        fields.append(field)
+        if choice is not None:
+            choices[name] = choice
+    return tuple(fields), choices
+
+
+def _auto_samples(source: Any, count: int | None, first: dict[str, np.ndarray], head: list[dict[str, np.ndarray]],
+                  names: tuple[str, ...] | None) -> list[dict[str, np.ndarray]]:
+    """Return the samples ``codec="auto"`` measures: spread over a map-style dataset, the first of a stream."""
+    if count is None:
+        return [first, *head]
+    picks = sample_indices(count, max(1, sum(a.nbytes for a in first.values())))
+    return [first if i == 0 else sample_arrays(source[int(i)], int(i), names) for i in picks]

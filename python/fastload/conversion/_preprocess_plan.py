@@ -136,12 +136,19 @@ def class_counts(plan: SplitPlan, classes: list[str] | None) -> dict[str, int]:
     return {(classes[i] if classes else str(i)): counts.get(i, 0) for i in labels}
 
 
-def warn_lopsided_classes(plans: list[SplitPlan], classes: list[str] | None) -> None:
-    """Warn about every class that ends up with no samples in one of the splits."""
+def warn_lopsided_classes(plans: list[SplitPlan], classes: list[str] | None,
+                          expected: dict[str, set[str]] | None = None) -> None:
+    """Warn about every class that ends up with no samples in one of the splits.
+
+    ``expected`` names, per split, the classes the split itself left without
+    images there (already reported on one line): they get no warning.
+    """
     per_split = {p.name: class_counts(p, classes) for p in plans}
     for name in dict.fromkeys(c for counts in per_split.values() for c in counts):
-        empty = [split for split, counts in per_split.items() if counts.get(name, 0) == 0]
+        empty = [split for split, counts in per_split.items() if counts.get(name, 0) == 0
+                 and name not in (expected or {}).get(split, set())]
         if empty:
             have = {split: counts.get(name, 0) for split, counts in per_split.items()}
             print(f"warning: class {name!r} has no {' or '.join(empty)} samples ({have}); "
-                  "more images of this class, or another --val-fraction/--seed, would fix it", file=sys.stderr)
+                  "more images of this class, or another --val-fraction/--seed (or --no-stratify), would fix it",
+                  file=sys.stderr)

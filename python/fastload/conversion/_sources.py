@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
@@ -55,23 +58,82 @@ def split_by_source(sources: list[Source], val_fraction: float, seed: int,
                     stratify: bool = False) -> tuple[list[Source], list[Source]]:
     """Split whole source images into (train, val), deterministic in the seed.
 
-    Images are ranked by XXH3-64 of ``"{seed}:{relative path}"``; the first
-    ``round(val_fraction * n)`` go to val. With ``stratify`` this is done within
-    each label separately, so every class is split in the same proportion (a
-    class of one image stays whole; the caller warns). Both lists keep sorted
-    path order. A split may come out empty: the caller refuses that.
+    ``round(val_fraction * n)`` of the ``n`` images go to val. Images are
+    ranked by XXH3-64 of ``"{seed}:{relative path}"`` and the first ones go to
+    val. With ``stratify`` this is done within each label: each class gets
+    the whole part of its share (``val_fraction * its size``) and the images
+    left to reach the overall count go one each to the classes with the
+    largest remainders (ties by a seeded hash of the label), never taking a
+    class's last train image. So small classes still give the requested
+    fraction overall; some get no val image (``classes_without_val`` names
+    them). Both lists keep sorted path order. Raises SourceError, naming the
+    option that helps, when no split is possible.
     """
     if not 0.0 < val_fraction < 1.0:
         raise SourceError(f"--val-fraction must be between 0 and 1, not {val_fraction}")
+    n = len(sources)
+    total = round(val_fraction * n)
+    if total == 0 or total == n:
+        side = "val" if total == 0 else "train"
+        hint = ((f" ({_at_least(1 / n)} or more gives val one image)" if total == 0 else
+                 f" ({_at_most(1 - 1 / n)} or less leaves train one image)") if n >= 2 else "")
+        raise SourceError(f"split {side!r} would hold 0 samples: no source image falls into it (--val-fraction "
+                          f"{val_fraction} of {n} source images rounds to {total} val images); change "
+                          f"--val-fraction{hint} or add images")
     groups: dict[int | None, list[Source]] = {}
     for s in sources:
         groups.setdefault(s.label if stratify else None, []).append(s)
+    counts: dict[int | None, int] = {None: total}
+    if stratify:
+        counts = _stratified_counts({k: len(v) for k, v in groups.items()}, val_fraction, total, seed)
+    if not any(counts.values()):
+        raise SourceError(f"a stratified split keeps one image of each class in train, and every class has a single "
+                          f"image ({n} images): pass --no-stratify to split regardless of class")
     val_paths: set[str] = set()
-    for members in groups.values():
-        n_val = round(val_fraction * len(members))
+    for key, members in groups.items():
         ranked = sorted(members, key=lambda s: (xxhash.xxh3_64_intdigest(f"{seed}:{s.relpath}".encode()), s.relpath))
-        val_paths.update(s.relpath for s in ranked[:n_val])
+        val_paths.update(s.relpath for s in ranked[:counts[key]])
     return [s for s in sources if s.relpath not in val_paths], [s for s in sources if s.relpath in val_paths]
+
+
+def _stratified_counts(sizes: dict[int | None, int], val_fraction: float, total: int, seed: int) -> dict[Any, int]:
+    """Return val images per class: the shares rounded to ``total`` by largest remainder, one train image kept."""
+    fraction = Fraction(str(val_fraction))  # exact shares: 0.1 * 30 is 3, not 3.0000000000000004
+    shares = {k: fraction * n for k, n in sizes.items()}
+    counts = {k: min(int(q), sizes[k] - 1) for k, q in shares.items()}
+    order = sorted(sizes, key=lambda k: (-(shares[k] - int(shares[k])),
+                                         xxhash.xxh3_64_intdigest(f"{seed}:class:{k}".encode())))
+    left = total - sum(counts.values())
+    while left > 0:  # one more image each, largest remainder first; classes at their cap are passed over
+        grown = False
+        for k in order:
+            if left > 0 and counts[k] < sizes[k] - 1:
+                counts[k] += 1
+                left -= 1
+                grown = True
+        if not grown:
+            break
+    return counts
+
+
+def classes_without_val(sources: list[Source], val: list[Source]) -> dict[int, int]:
+    """Return label -> images of each class that has no image in ``val``."""
+    in_val = {s.label for s in val}
+    missing: dict[int, int] = {}
+    for s in sources:
+        if s.label is not None and s.label not in in_val:
+            missing[s.label] = missing.get(s.label, 0) + 1
+    return missing
+
+
+def _at_least(x: float) -> str:
+    """Return ``x`` rounded up to two decimals, as an option value."""
+    return f"{math.ceil(x * 100 - 1e-9) / 100:g}"
+
+
+def _at_most(x: float) -> str:
+    """Return ``x`` rounded down to two decimals, as an option value."""
+    return f"{math.floor(x * 100 + 1e-9) / 100:g}"
 
 
 def _some(items: list[str], limit: int = 10) -> str:

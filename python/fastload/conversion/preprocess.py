@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
+import shlex
 import shutil
 import sys
 import time
@@ -51,7 +53,7 @@ from ._preprocess_plan import (
     warn_no_tiles,
 )
 from ._run_record import check_resume_options
-from ._sources import Source, SourceError, find_images, labels_from_dirs, split_by_source
+from ._sources import Source, SourceError, classes_without_val, find_images, labels_from_dirs, split_by_source
 
 __all__ = ["UsageError", "build_parser", "main", "parse_hw", "parse_size", "run"]
 
@@ -109,25 +111,55 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     mode.add_argument("--resume", action="store_true", help="continue an interrupted run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--absolute-source-root", action="store_true",
+                   help="record the absolute path of --data-dir in the manifests (default: relative to the dataset)")
     return p
 
 
-def _prepare_output(out: Path, overwrite: bool, resume: bool) -> None:
+def _prepare_output(out: Path, overwrite: bool, resume: bool, argv: list[str] | None = None) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
     ours = [out / MANIFEST_NAME, out / PROGRESS_NAME, out / SPLITS_NAME, *(out / s / n for s in ("train", "val")
                                                          for n in (MANIFEST_NAME, PROGRESS_NAME))]
-    looks_ours = any(p.exists() for p in ours) or all(p.name.startswith(("shard-", ".shard-")) for p in out.iterdir())
+    recorded = any(p.exists() for p in ours)
+    looks_ours = recorded or all(p.name.startswith(("shard-", ".shard-")) for p in out.iterdir())
     if resume:
-        if not looks_ours:
-            raise UsageError(f"{out}: nothing to resume here (no {PROGRESS_NAME} or {MANIFEST_NAME})")
+        if not recorded and _leftovers_only(out):  # interrupted before its first shard: nothing to keep
+            print(f"{out}: nothing completed yet: starting the run")
+        elif not looks_ours:
+            raise UsageError(f"{out}: not a fastload output (no {PROGRESS_NAME} or {MANIFEST_NAME}, and files of "
+                             f"its own); pass another --output-dir: {_rerun(argv, '--resume', other_output=True)}")
         return
     if not overwrite:
-        raise UsageError(f"{out}: exists and is not empty; pass --overwrite to replace it or --resume to "
-                         "continue an interrupted run")
-    if not looks_ours:
-        raise UsageError(f"{out}: not a fastload output directory; refusing to delete it with --overwrite")
+        if not recorded and _leftovers_only(out):
+            raise UsageError(f"{out}: holds a run interrupted before its first shard (no completed shard); "
+                             f"start it with: {_rerun(argv, '--resume')}")
+        raise UsageError(f"{out}: exists and is not empty; replace it with: {_rerun(argv, '--overwrite')}\n"
+                         f"or continue an interrupted run with: {_rerun(argv, '--resume')}")
+    if not looks_ours and not _leftovers_only(out):
+        raise UsageError(f"{out}: not a fastload output directory; refusing to delete it with --overwrite; pass "
+                         f"another --output-dir: {_rerun(argv, '--overwrite', other_output=True)}")
     shutil.rmtree(out)
+
+
+def _leftovers_only(out: Path) -> bool:
+    """Return whether ``out`` holds only what a run leaves before its first shard: split folders, partial shards."""
+    for path in out.iterdir():
+        if path.is_dir() and path.name in ("train", "val"):
+            if not _leftovers_only(path):
+                return False
+        elif not (path.is_file() and path.name.startswith(".shard-") and path.name.endswith((".build", ".tmp"))):
+            return False
+    return True
+
+
+def _rerun(argv: list[str] | None, flag: str, other_output: bool = False) -> str:
+    """Return the command line of this run with ``flag`` (and without --resume/--overwrite)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    kept = [a for a in args if a not in ("--resume", "--overwrite")]
+    if other_output and "--output-dir" in kept and kept.index("--output-dir") + 1 < len(kept):
+        kept[kept.index("--output-dir") + 1] = "NEW_DIR"
+    return shlex.join(["preprocess_tiles", *kept, *([] if other_output and flag == "--resume" else [flag])])
 
 
 def _sources_and_classes(args: argparse.Namespace, data_dir: Path) -> tuple[list[Source], list[str] | None]:
@@ -174,7 +206,7 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
     if args.resume:
         check_resume_options(args.output_dir, option_doc)
     sources, classes = _sources_and_classes(args, data_dir)
-    _prepare_output(args.output_dir, args.overwrite, args.resume)
+    _prepare_output(args.output_dir, args.overwrite, args.resume, getattr(args, "argv", None))
 
     labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
     stacks: dict[str, StackInfo] | None = None
@@ -191,7 +223,8 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
             raise UsageError(f"--codec {args.codec}: {err}") from None
         settings: Any = StackSettings(str(data_dir), fields, args.h5_dataset, args.h5_labels)
         tiles = TileSpec()
-        plans = [stack_plan(name, part, stacks) for name, part in _split(args, sources, option_doc)]
+        parts = _split(args, sources, option_doc, classes)
+        plans = [stack_plan(name, part, stacks) for name, part in parts]
     else:
         good, infos, probe_bad = probe_all(data_dir, sources, args.npy_layout, args.mode, args.workers,
                                            args.skip_bad)
@@ -200,7 +233,8 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         ref = check_consistent(good, infos, args.tile_size is not None, args.dtype)
         tiles = TileSpec(args.tile_size, args.stride or args.tile_size, args.edge or "drop")
         info_of = {s.relpath: i for s, i in zip(good, infos)}
-        plans = [plan_split(name, part, info_of, tiles) for name, part in _split(args, sources, option_doc)]
+        parts = _split(args, sources, option_doc, classes)
+        plans = [plan_split(name, part, info_of, tiles) for name, part in parts]
         height, width = args.tile_size or (ref.height, ref.width)
         layout = args.layout or "chw"
         shape = (ref.channels, height, width) if layout == "chw" else (height, width, ref.channels)
@@ -223,7 +257,8 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
     for plan in plans:
         warn_no_tiles(plan, tiles)
     if len(plans) > 1 and labelled and not args.h5_labels:
-        warn_lopsided_classes(plans, classes)
+        no_val = {_class_name(label, classes) for label in classes_without_val(sources, parts[1][1])}
+        warn_lopsided_classes(plans, classes, expected={"val": no_val} if option_doc.get("stratify") else None)
 
     limits = ShardLimits(args.samples_per_shard, args.shard_size)
     if limits.samples is None and limits.bytes is None:
@@ -234,7 +269,7 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         if args.resume and (out / MANIFEST_NAME).exists():
             print(f"{out}: already complete")
             continue
-        provenance = _provenance(option_doc, data_dir, plan.name)
+        provenance = _provenance(option_doc, data_dir, plan.name, out, args.absolute_source_root)
         if choice is not None:
             provenance["codec_choice"] = {"image": choice.to_json()}
         bad = [b for b in probe_bad if b["path"] in plan.all_paths]
@@ -249,22 +284,50 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         per_class = labelled and not args.h5_labels
         index = {p.name: {"path": p.name, "samples": p.samples, "sources": len(p.sources),
                           "class_counts": class_counts(p, classes) if per_class else None} for p in plans}
-        write_splits(args.output_dir, index, _provenance(option_doc, data_dir, None))
+        write_splits(args.output_dir, index, _provenance(option_doc, data_dir, None, args.output_dir,
+                                                         args.absolute_source_root))
     _print_plans(plans, classes, labelled and not args.h5_labels)
     return results
 
 
-def _split(args: argparse.Namespace, sources: list[Source], option_doc: dict[str, Any]) -> list[tuple[str, list]]:
+def _split(args: argparse.Namespace, sources: list[Source], option_doc: dict[str, Any],
+           classes: list[str] | None) -> list[tuple[str, list]]:
     if args.val_fraction is None:
         return [("", sources)]
     train, val = split_by_source(sources, args.val_fraction, option_doc["seed"], option_doc["stratify"])
+    missing = classes_without_val(sources, val) if option_doc["stratify"] else {}
+    if missing:  # expected with small classes: one line, not a warning per class
+        names = ", ".join(f"{_class_name(label, classes)!r} ({n} image{'s' if n > 1 else ''})"
+                          for label, n in sorted(missing.items()))
+        print(f"stratified split: {len(val)} of {len(sources)} source images to val; {len(missing)} class(es) "
+              f"got no val image (too few images for --val-fraction {args.val_fraction}): {names}. A larger "
+              "--val-fraction, or --no-stratify (split regardless of class), changes that")
     return [("train", train), ("val", val)]
 
 
-def _provenance(option_doc: dict[str, Any], data_dir: Path, split: str | None) -> dict[str, Any]:
+def _class_name(label: int, classes: list[str] | None) -> str:
+    return classes[label] if classes and 0 <= label < len(classes) else str(label)
+
+
+def _provenance(option_doc: dict[str, Any], data_dir: Path, split: str | None, out: Path,
+                absolute: bool = False) -> dict[str, Any]:
     return {"tool": f"fastload preprocess_tiles {__version__}", "options": option_doc,
-            "source_root": str(data_dir), "split": split or None,
+            "source_root": _source_root(data_dir, out, absolute), "split": split or None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _source_root(data_dir: Path, out: Path, absolute: bool) -> str:
+    """Return --data-dir as the manifest in ``out`` records it.
+
+    Relative to ``out`` (a shared dataset names no user's home), or absolute
+    when asked; from another drive (Windows), the folder's name only.
+    """
+    if absolute:
+        return str(data_dir.resolve())
+    try:
+        return Path(os.path.relpath(data_dir.resolve(), out.resolve())).as_posix()
+    except ValueError:
+        return data_dir.name
 
 
 def _print_plans(plans: list[SplitPlan], classes: list[str] | None, labelled: bool) -> None:
@@ -312,6 +375,7 @@ def _summary(results: list[WriteResult], elapsed: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``preprocess_tiles`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # to name the command that works in messages
     start = time.perf_counter()
     try:
         results = run(args)
@@ -322,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preprocess_tiles: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("preprocess_tiles: interrupted; completed shards are kept, continue with --resume", file=sys.stderr)
+        print(f"preprocess_tiles: interrupted; completed shards are kept, continue with: "
+              f"{_rerun(args.argv, '--resume')}", file=sys.stderr)
         return 130
     if results:
         print(_summary(results, time.perf_counter() - start))

@@ -49,6 +49,26 @@ def _check_class(cls: type) -> None:
             "or pass backend='torch' to run the subclass's Python code in DataLoader workers.")
 
 
+def describe(transforms: Sequence[Transform] | None, layout: str | Mapping[str, str],
+             batch_transform: BatchTransform | None) -> dict[str, Any]:
+    """Return what of the augmentation a saved state records, so that a resume under another one is refused.
+
+    ``transforms``: each op and its parameters (``Transform.describe``);
+    ``layout``: only with transforms (it changes nothing without them);
+    ``batch_transform``: the function's qualified name. A function cannot be
+    compared, so only its presence is checked (``_state.check_state``).
+    """
+    ops = [op.describe() if isinstance(op, Transform) else repr(op) for op in transforms or ()]
+    lay: Any = None
+    if ops:
+        lay = layout if isinstance(layout, str) else {str(k): v for k, v in sorted(layout.items())}
+    name = None
+    if batch_transform is not None:
+        name = f"{getattr(batch_transform, '__module__', None) or ''}." \
+               f"{getattr(batch_transform, '__qualname__', type(batch_transform).__qualname__)}".lstrip(".")
+    return {"transforms": ops, "layout": lay, "batch_transform": name}
+
+
 class Augment:
     """A loader's transforms (compiled for its fields), ``batch_transform`` and ``output`` order."""
 
@@ -73,6 +93,7 @@ class Augment:
                                  f"the loader yields {names}")
         self.output = tuple(output) if output is not None else None
         self.seed = seed
+        self.description = describe(transforms, layout, batch_transform)
 
     @property
     def transforms(self) -> bool:

@@ -11,11 +11,14 @@ requires; without either it is a plain class with the same methods.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError
+from ..errors import DatasetError, FastloadWarning
+from ..transforms import Transform
+from ._augment import BatchTransform
 from ._loader import ShardLoader
 
 SPLITS = ("train", "val", "test")
@@ -40,15 +43,37 @@ class ShardDataModule(_lightning_base()):  # type: ignore[misc]
     returned again, so its epoch and position persist. The training loader
     shuffles (``shuffle``, ``seed``, ``drop_last``); validation and test
     loaders read in stored order with every sample. ``loader_kwargs`` (e.g.
-    ``num_threads``, ``backend``, ``device``, ``fields``) go to every loader.
+    ``num_threads``, ``backend``, ``device``, ``fields``, ``layout``,
+    ``output``) go to every loader.
+
+    ``transforms`` and ``batch_transform`` (the training augmentation) go to
+    the training loader only; ``eval_transforms`` and ``eval_batch_transform``
+    to the validation and test loaders (none by default: evaluation reads the
+    samples as stored, with a ``FastloadWarning`` when there are training
+    transforms, so that the difference is seen). An evaluation chain with a
+    random op (``op.random``: ``RandomFlip``, ``RandomCrop``, ...) is refused,
+    since its batches would change every epoch, unless
+    ``allow_random_eval_transforms=True`` (test-time augmentation).
     ``state_dict()`` / ``load_state_dict()`` delegate to the loaders, so a
     Lightning checkpoint restores them (the training loader's position is
     also saved by Lightning's fit loop, which restores it mid-epoch).
     """
 
     def __init__(self, root: str | os.PathLike, batch_size: int, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, eval_batch_size: int | None = None, **loader_kwargs: Any) -> None:
+                 drop_last: bool = False, eval_batch_size: int | None = None,
+                 transforms: Sequence[Transform] | None = None, eval_transforms: Sequence[Transform] | None = None,
+                 batch_transform: BatchTransform | None = None, eval_batch_transform: BatchTransform | None = None,
+                 allow_random_eval_transforms: bool = False, **loader_kwargs: Any) -> None:
         super().__init__()
+        random = [op for op in eval_transforms or () if getattr(op, "random", False)]
+        if random and not allow_random_eval_transforms:
+            raise ValueError(f"eval_transforms holds {', '.join(map(repr, random))}, which draw random parameters "
+                             "per sample: validation and test batches would change every epoch; use deterministic "
+                             "ops (CenterCrop, Resize, Normalize, ...) or pass allow_random_eval_transforms=True "
+                             "for test-time augmentation")
+        self.transforms = list(transforms) if transforms is not None else None
+        self.eval_transforms = list(eval_transforms) if eval_transforms is not None else None
+        self.batch_transform, self.eval_batch_transform = batch_transform, eval_batch_transform
         self.root = Path(root)
         if not self.root.is_dir():
             raise DatasetError(f"no such dataset root: {self.root}")
@@ -72,8 +97,15 @@ class ShardDataModule(_lightning_base()):  # type: ignore[misc]
             if not self.has_split(split):
                 raise DatasetError(f"{self.root} has no {split}/ directory")
             train = split == "train"
+            if not train and self.eval_transforms is None and self.transforms:
+                warnings.warn(f"ShardDataModule: transforms={self.transforms} apply to the training loader only; "
+                              f"the {split} loader reads the samples as stored. Pass eval_transforms=[...] (e.g. "
+                              "CenterCrop, Normalize) for evaluation, or eval_transforms=[] to silence this",
+                              FastloadWarning, stacklevel=3)
             loader = ShardLoader(self.root / split, batch_size=self.batch_size if train else self.eval_batch_size,
                                  shuffle=self.shuffle and train, seed=self.seed, drop_last=self.drop_last and train,
+                                 transforms=self.transforms if train else self.eval_transforms,
+                                 batch_transform=self.batch_transform if train else self.eval_batch_transform,
                                  **self.loader_kwargs)
             if split in self._pending:
                 loader.load_state_dict(self._pending.pop(split))

@@ -97,7 +97,8 @@ class ShardLoader:
     "Epochs"): ``len(loader)`` is the number of batches of one full epoch on
     this rank; every pass (each ``iter()``, from its first ``next()``) reads one
     epoch, and the next pass reads the next epoch, whether the pass delivered
-    its last batch or was abandoned (``break``); ``set_epoch(e)`` (also through
+    its last batch or was abandoned (``break``; ``state_dict()`` then still
+    records where the data stopped, until the next pass begins); ``set_epoch(e)`` (also through
     ``loader.sampler`` / ``loader.batch_sampler.sampler``, where trainers call
     it) selects the epoch of the next pass. ``load_state_dict`` makes the next
     pass resume mid-epoch; ``remaining()`` says how many batches it has.
@@ -220,7 +221,8 @@ class ShardLoader:
         self.augment = Augment(self.dataset, transforms, layout, batch_transform, output, seed)
         self.verify_checksums = verify_checksums
         self._epoch = 0
-        self._start = 0  # global position where the next pass of self._epoch begins (after load_state_dict)
+        self._start = 0  # global position where the data stopped in self._epoch (where a resumed pass begins)
+        self._advance = False  # a pass was abandoned at (_epoch, _start): the next pass reads _epoch + 1 from 0
         self._active: weakref.ref[EpochIterator] | None = None  # the started pass that moves this loader
         self._last_stats: dict[str, Any] = {}
         self._shards: Any = None  # the native ShardSet, opened by the first pass in this process
@@ -266,9 +268,13 @@ class ShardLoader:
 
     @property
     def epoch(self) -> int:
-        """Return the epoch of the running pass, else of the next one (as ``state_dict()["epoch"]``)."""
+        """Return the epoch of the running pass, else of the next one.
+
+        As ``state_dict()["epoch"]``, except after a pass abandoned mid-epoch:
+        the state then records the epoch where the data stopped.
+        """
         active = self._live_pass()
-        return self._epoch if active is None else int(active.epoch)  # type: ignore[arg-type]
+        return self._next_pass_position()[0] if active is None else int(active.epoch)  # type: ignore[arg-type]
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch of the next pass, as ``DistributedSampler.set_epoch``.
@@ -281,8 +287,8 @@ class ShardLoader:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, not {epoch!r}")
         self._abandon_active()
-        if epoch != self._epoch:
-            self._epoch, self._start = epoch, 0
+        if epoch != self._epoch or self._advance:  # only a loaded position is kept, not where a pass stopped
+            self._epoch, self._start, self._advance = epoch, 0, False
 
     def _order(self, epoch: int) -> EpochOrder | ArrayOrder:
         order = self._orders.get(epoch)
@@ -316,7 +322,8 @@ class ShardLoader:
         if active is not None:
             assert active.plan is not None
             return len(active.plan) - active.delivered
-        return len(self._plan(self._start, self._epoch))
+        epoch, start = self._next_pass_position()
+        return len(self._plan(start, epoch))
 
     @property
     def sampler(self) -> EpochSampler:
@@ -338,7 +345,9 @@ class ShardLoader:
     def _next_pass_position(self) -> tuple[int, int]:
         """Return (epoch, position) where a pass started now begins (a running pass would be abandoned)."""
         active = self._live_pass()
-        return (self._epoch, self._start) if active is None else (int(active.epoch) + 1, 0)  # type: ignore[arg-type]
+        if active is not None:
+            return int(active.epoch) + 1, 0  # type: ignore[arg-type]
+        return (self._epoch + 1, 0) if self._advance else (self._epoch, self._start)
 
     def _next_pass_len(self) -> int:
         epoch, start = self._next_pass_position()
@@ -365,11 +374,26 @@ class ShardLoader:
         active = self._live_pass()
         self._active = None
         if active is not None:
-            self._last_stats = active.raw_stats()
-            self._epoch, self._start = int(active.epoch) + 1, 0  # type: ignore[arg-type]
+            self._stopped(active, complete=False)
+
+    def _stopped(self, it: EpochIterator, complete: bool) -> None:
+        """Record where a pass ended: a complete one at the next epoch's start; an abandoned one where it stopped.
+
+        After an abandoned pass, ``state_dict()`` describes where the data
+        stopped (so a state saved after ``break`` resumes the rest of the
+        epoch) and the advance to the next epoch waits for the next pass.
+        """
+        self._last_stats = it.raw_stats()
+        assert it.epoch is not None and it.plan is not None
+        if complete:
+            self._epoch, self._start, self._advance = it.epoch + 1, 0, False
+        else:
+            self._epoch, self._start, self._advance = it.epoch, it.plan.position_after(it.delivered), True
 
     def _begin_pass(self, it: EpochIterator) -> tuple[int, EpochPlan, Iterator[Batch]]:
         self._abandon_active()  # a second pass started while one runs supersedes it
+        if self._advance:  # the last pass was abandoned: this one reads the next epoch
+            self._epoch, self._start, self._advance = self._epoch + 1, 0, False
         epoch, plan = self._epoch, self._plan(self._start, self._epoch)
         order = self._order(epoch)
         if self.backend == "native":
@@ -392,8 +416,7 @@ class ShardLoader:
         """End a pass (its last batch delivered, or closed early): the next pass reads the next epoch."""
         if self._active is not None and self._active() is it:
             self._active = None
-            self._last_stats = it.raw_stats()
-            self._epoch, self._start = int(it.epoch) + 1, 0  # type: ignore[arg-type]
+            self._stopped(it, complete)
 
     def _iter_native(self, order: EpochOrder | ArrayOrder, plan: EpochPlan, epoch: int) -> Iterator[Batch]:
         if len(plan) == 0:
@@ -425,7 +448,10 @@ class ShardLoader:
 
         During a pass it records the global position after the batches
         delivered so far (once the last one is delivered: the next epoch, at
-        0); loading it into a new loader (any world size) continues from there.
+        0); after a pass abandoned before its end (``break``, an exception),
+        the position where it stopped, until the next pass begins (which reads
+        the next epoch). Loading it into a new loader (any world size)
+        continues from there.
         """
         active = self._live_pass()
         if active is None:
@@ -435,7 +461,8 @@ class ShardLoader:
             epoch, position = active.epoch, active.plan.position_after(active.delivered)
         return make_state(fingerprint=dataset_fingerprint(self.dataset), n=len(self.dataset), seed=self.seed,
                           shuffle=self.shuffle, epoch=epoch, position=position, batch_size=self.batch_size,
-                          world_size=self.world_size, sampling=self._sampling.describe())
+                          world_size=self.world_size, sampling=self._sampling.describe(),
+                          augment=self.augment.description)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a saved state: the next pass resumes its epoch at its position.
@@ -445,20 +472,21 @@ class ShardLoader:
         """
         epoch, start = check_state(state, fingerprint=dataset_fingerprint(self.dataset), n=len(self.dataset),
                                    seed=self.seed, shuffle=self.shuffle, sampling=self._sampling.describe(),
-                                   epoch_length=lambda e: self._order(e).n)
+                                   epoch_length=lambda e: self._order(e).n, augment=self.augment.description)
         self._active = None
-        self._epoch, self._start = epoch, start
+        self._epoch, self._start, self._advance = epoch, start, False
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle as configuration plus position: no native handle, thread or weak reference."""
         state = self.state_dict()
         return {"dataset": self.dataset, "kwargs": dict(self._init_kwargs), "epoch": state["epoch"],
-                "position": state["position"]}
+                "position": state["position"], "advance": self._advance and self._live_pass() is None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Rebuild from configuration and position; shards are opened by the first pass in this process."""
         self.__init__(state["dataset"], **state["kwargs"])  # type: ignore[misc]
         self._epoch, self._start = state["epoch"], state["position"]  # older pickles also hold a test hook's value
+        self._advance = bool(state.get("advance", False))  # older pickles: the next pass's own position
 
     # ---- observability ------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,26 +18,34 @@ class StateError(FastloadError, ValueError):
 
 
 def make_state(*, fingerprint: str, n: int, seed: int, shuffle: bool, epoch: int, position: int,
-               batch_size: int, world_size: int, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+               batch_size: int, world_size: int, sampling: dict[str, Any] | None = None,
+               augment: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Return the state dict of a loader at global ``position`` of ``epoch``.
 
     ``sampling`` describes a policy other than the plain one (``_sampling.py``);
     the plain policy's state has no ``sampling`` key, as before it existed.
+    ``augment`` (``_augment.describe``) adds ``transforms``, ``layout`` and
+    ``batch_transform``: what, besides the order, determines the batches.
     """
     state = {"state_version": STATE_VERSION, "format_version": FORMAT_VERSION, "order_version": ORDER_VERSION,
              "dataset_fingerprint": fingerprint, "num_samples": n, "seed": seed, "shuffle": shuffle,
              "epoch": epoch, "position": position, "batch_size": batch_size, "world_size": world_size}
     if sampling is not None:
         state["sampling"] = sampling
+    if augment is not None:
+        state.update(augment)
     return state
 
 
 def check_state(state: Mapping[str, Any], *, fingerprint: str, n: int, seed: int, shuffle: bool,
                 sampling: dict[str, Any] | None = None,
-                epoch_length: Callable[[int], int] | None = None) -> tuple[int, int]:
+                epoch_length: Callable[[int], int] | None = None,
+                augment: Mapping[str, Any] | None = None) -> tuple[int, int]:
     """Validate a saved state against the loader; return its (epoch, position).
 
     ``epoch_length(e)`` is the number of positions of epoch e (``n`` when None).
+    ``augment`` is the loader's ``_augment.describe``; a state saved before a
+    key of it existed is not checked for that key.
     """
     if not isinstance(state, Mapping):
         raise StateError(f"a loader state is a dict, not {type(state).__name__}")
@@ -55,6 +64,8 @@ def check_state(state: Mapping[str, Any], *, fingerprint: str, n: int, seed: int
     if state.get("sampling") != sampling:
         raise StateError(f"state was saved with sampling {state.get('sampling')!r}, this loader samples "
                          f"{sampling!r}")
+    if augment is not None:
+        check_augment(state, augment)
     epoch, position = state.get("epoch"), state.get("position")
     if not isinstance(epoch, int) or epoch < 0:
         raise StateError(f"state has an invalid epoch {epoch!r} or position {position!r}")
@@ -62,3 +73,40 @@ def check_state(state: Mapping[str, Any], *, fingerprint: str, n: int, seed: int
     if not isinstance(position, int) or not 0 <= position <= length:
         raise StateError(f"state has an invalid epoch {epoch!r} or position {position!r}")
     return epoch, position
+
+
+def _ops_text(ops: Any) -> str:
+    return "[" + ", ".join(_op_text(op) for op in ops) + "]" if isinstance(ops, list) else repr(ops)
+
+
+def _op_text(op: Any) -> str:
+    if not isinstance(op, Mapping):
+        return str(op)
+    return f"{op.get('op')}(" + ", ".join(f"{k}={v!r}" for k, v in op.items() if k != "op") + ")"
+
+
+def check_augment(state: Mapping[str, Any], augment: Mapping[str, Any]) -> None:
+    """Refuse a state saved under other transforms, layout or presence of a ``batch_transform``.
+
+    JSON turns tuples into lists, so both sides are compared as JSON data. A
+    ``batch_transform`` is a function, which cannot be compared: only whether
+    there is one is checked.
+    """
+    if "transforms" in state:
+        saved, ours = json.loads(json.dumps(state["transforms"])), json.loads(json.dumps(augment["transforms"]))
+        if saved != ours:
+            detail = f"this loader has {_ops_text(ours)}" if ours else "this loader has none"
+            if saved and isinstance(saved, list) and len(saved) == len(ours):
+                i = next(i for i, (a, b) in enumerate(zip(saved, ours)) if a != b)
+                detail += f" (op {i} differs: {_op_text(saved[i])} saved, {_op_text(ours[i])} here)"
+            what = f"with transforms {_ops_text(saved)}" if saved else "without transforms"
+            raise StateError(f"state was saved {what}; {detail}: resuming would not give the same batches")
+    if "layout" in state and augment["transforms"] and json.loads(json.dumps(state["layout"])) != augment["layout"]:
+        raise StateError(f"state was saved with transforms for layout={state['layout']!r}, this loader has "
+                         f"layout={augment['layout']!r}: resuming would not give the same batches")
+    if "batch_transform" in state and (state["batch_transform"] is None) != (augment["batch_transform"] is None):
+        saved_fn, our_fn = state["batch_transform"], augment["batch_transform"]
+        head = (f"state was saved with batch_transform={saved_fn!r}, this loader has no batch_transform"
+                if saved_fn is not None else
+                f"state was saved without a batch_transform, this loader has batch_transform={our_fn!r}")
+        raise StateError(head + " (a function cannot be compared: only whether there is one is checked)")

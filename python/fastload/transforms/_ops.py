@@ -40,7 +40,12 @@ def _field_list(fields: str | Sequence[str] | None) -> tuple[str, ...] | None:
 
 
 class Transform:
-    """Base of every op: ``fields`` names the fields it applies to (None: the op's default)."""
+    """Base of every op: ``fields`` names the fields it applies to (None: the op's default).
+
+    ``random`` says whether the op draws per sample (evaluation loaders refuse such ops unless asked).
+    """
+
+    random = False
 
     def __init__(self, fields: str | Sequence[str] | None = None) -> None:
         self.fields = _field_list(fields)
@@ -68,6 +73,30 @@ class Transform:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and v is not None)
         return f"{self.name}({args})"
+
+    def describe(self) -> dict[str, Any]:
+        """Return the op and its parameters as plain JSON data: what a loader's state records to compare.
+
+        Every public attribute is a parameter; numbers are exact (floats as
+        floats), sequences lists, mappings dicts with sorted keys.
+        """
+        params = {k.rstrip("_"): _plain(v) for k, v in sorted(vars(self).items()) if not k.startswith("_")}
+        return {"op": self.name, **params}
+
+
+def _plain(value: Any) -> Any:
+    """Return ``value`` as JSON data (tuples and arrays as lists, numpy scalars as numbers, else its repr)."""
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return repr(value)
 
 
 class SpatialTransform(Transform):
@@ -161,6 +190,8 @@ class CenterCrop(SpatialTransform):
 class RandomCrop(SpatialTransform):
     """Crop ``size`` at a random place of the sample padded by ``padding`` on every side with ``pad_value``."""
 
+    random = True
+
     def __init__(self, size: int | Sequence[int], padding: int = 0, pad_value: float | Mapping[str, float] = 0,
                  fields: str | Sequence[str] | None = None) -> None:
         super().__init__(fields)
@@ -189,6 +220,8 @@ class RandomCrop(SpatialTransform):
 
 class RandomFlip(SpatialTransform):
     """Flip left-right (draw 0) and/or up-down (draw 1), each with probability ``p``."""
+
+    random = True
 
     def __init__(self, horizontal: bool = True, vertical: bool = False, p: float = 0.5,
                  fields: str | Sequence[str] | None = None) -> None:
@@ -226,6 +259,8 @@ def _dihedral(t: np.ndarray, s: int) -> np.ndarray:
 class RandomRot90(SpatialTransform):
     """Rotate by k * 90 degrees counter-clockwise (as ``np.rot90``), k = randint(draw 0, 4); square samples."""
 
+    random = True
+
     def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
         """Return the (square) size."""
         return _square(self, h, w, field)
@@ -237,6 +272,8 @@ class RandomRot90(SpatialTransform):
 
 class RandomDihedral(SpatialTransform):
     """One of the 8 symmetries of the square, t = randint(draw 0, 8): rot90 by t % 4, then a flip if t >= 4."""
+
+    random = True
 
     def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
         """Return the (square) size."""
@@ -329,6 +366,8 @@ class RandomErasing(FillTransform):
     is placed at top ``randint(H - h + 1)``, left ``randint(W - w + 1)``. No attempt fits: nothing is erased.
     """
 
+    random = True
+
     def __init__(self, p: float = 0.5, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3),
                  value: float = 0, fields: str | Sequence[str] | None = None) -> None:
         super().__init__(value, fields)
@@ -368,6 +407,8 @@ class AxisMasks(FillTransform):
     filled with ``value`` in every channel. For a (frequency, time) spectrogram, ``axis="width"`` masks
     time steps and ``axis="height"`` frequency bins.
     """
+
+    random = True
 
     def __init__(self, axis: str, max_width: int, count: int = 1, value: float = 0,
                  fields: str | Sequence[str] | None = None) -> None:
@@ -456,6 +497,8 @@ class RandomResizedCrop(ResampleTransform):
     the first that fits is placed at top ``randint(H - h + 1)``, left ``randint(W - w + 1)``. If none
     fits: the largest centred box with the aspect clamped into ``ratio``.
     """
+
+    random = True
 
     def __init__(self, size: int | Sequence[int], scale: Sequence[float] = (0.08, 1.0),
                  ratio: Sequence[float] = (3 / 4, 4 / 3), interpolation: str | Mapping[str, str] | None = None,

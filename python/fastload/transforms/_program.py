@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..errors import FastloadWarning
 from ._ops import (
     FillTransform,
     Normalize,
@@ -33,6 +35,7 @@ from ._spec import (
     storage_dtype,
 )
 
+INTEGER_RANGE = {"uint8": 255, "int8": 127, "uint16": 65535, "int16": 32767, "int32": 2**31 - 1, "int64": 2**63 - 1}
 NUMERIC = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64", "bfloat16")
 
 
@@ -130,6 +133,7 @@ class Program:
                 for what, values in (("mean", mean), ("std", std)):
                     if len(values) not in (1, c):
                         raise op.fail(src.name, f"{len(values)} {what} values for {c} channels")
+                _check_units(op, src)
                 step = Step(CONVERT, src.name, src, dst, op.name, mode=NORMALIZE,
                             mean=[float(np.float32(v)) for v in (mean * c if len(mean) == 1 else mean)],
                             std=[float(np.float32(v)) for v in (std * c if len(std) == 1 else std)])
@@ -154,3 +158,14 @@ class Program:
     def steps_for(self, name: str) -> list[Step]:
         """Return the steps of field ``name``, in order."""
         return [s for s in self.steps if s.field == name]
+
+
+def _check_units(op: Normalize, src: FieldState) -> None:
+    """Warn when ``op``'s statistics look like 0-1 data's while the field holds integers (torchvision habits)."""
+    if src.dtype not in INTEGER_RANGE:
+        return
+    if all(0.0 <= m <= 1.0 for m in op.mean) and all(0.0 < s < 1.0 for s in op.std):
+        top = INTEGER_RANGE[src.dtype]
+        warnings.warn(f"{op!r}: mean and std look like statistics of 0-1 data, but field {src.name!r} is "
+                      f"{src.dtype} (0-{top}) here: put ToDtype(scale=1 / {top}) before it, or give mean and std "
+                      f"in the data's units (times {top})", FastloadWarning, stacklevel=2)
