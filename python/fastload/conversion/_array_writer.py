@@ -16,6 +16,7 @@ from ..format._dtypes import dtype_name
 from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import Field, RecordEncoder
 from ._auto import choose_codec, sample_indices
+from ._samples import check_sample_bytes
 from ._shard_writer import write_shard
 
 
@@ -67,6 +68,7 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
             continue
         options = default_options(field_codec, level, field_layout, quality, subsampling)
         fields.append(Field(name, dtype_name(a.dtype), shape, field_codec, options))
+    check_sample_bytes(fields, "write_arrays")
     out.mkdir(parents=True, exist_ok=True)
     encoder = RecordEncoder(fields)
     shards = []

@@ -33,7 +33,7 @@ from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
 from ._dataset_writer import PROGRESS_NAME, ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
 from ._run_record import check_resume_options
-from ._samples import check_sample, infer_fields, sample_arrays
+from ._samples import check_names, check_sample, check_sample_bytes, infer_fields, sample_arrays
 from ._sources import Source
 
 CHUNK_BYTES = 8 << 20
@@ -100,6 +100,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw"
     ``workers``; ``resume=True`` continues an interrupted write (ValueError
     when the options differ from the recorded ones).
     """
+    names = check_names(names)
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}; use one of {list(CODECS)}")
     if level is not None and (codec == "raw" or not ZSTD_LEVELS[0] <= level <= ZSTD_LEVELS[1]):
@@ -147,6 +148,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw"
         rest = iterator
     opts = {"level": int(level or DEFAULT_ZSTD_LEVEL)} if codec != "raw" else {}
     fields = infer_fields(first, codec, opts)
+    check_sample_bytes(fields, "write_dataset")
     sample_bytes = max(1, sum(f.nbytes for f in fields))
     chunk = max(1, CHUNK_BYTES // sample_bytes)
     settings = _Settings(fields, tuple_names)

@@ -15,21 +15,16 @@ from typing import Any
 import xxhash
 from tqdm import tqdm
 
-from ..errors import DatasetError, FastloadError
+from ..errors import DatasetError, FastloadError, ImageReadError, PreprocessError
 from ..format._manifest import MANIFEST_NAME, Manifest, ShardInfo, file_hash, write_json_atomic
 from ..format._record import FORMAT_VERSION
 from ._encode import encode_source
-from ._images import ImageReadError
 from ._parallel import ordered_map
 from ._shard_writer import write_shard
 from ._sources import Source
 
 PROGRESS_NAME = ".progress.json"
 _DELAY_ENV = "FASTLOAD_TEST_SHARD_DELAY"  # tests: seconds to sleep after each shard
-
-
-class PreprocessError(Exception):
-    """A source image stopped the run; the message names the file."""
 
 
 @dataclass
