@@ -18,6 +18,7 @@ import torch
 import xxhash
 
 from ..errors import ArgumentError, ArgumentIndexError, ArgumentTypeError, SchemaMismatchError
+from ..sampling._alias import real_weights
 from ..sampling._sampling import MAX_EPOCH_POSITIONS, STOP_MODES, MixSampling, Stop
 from ._dataset import ShardDataset, empty_batch, locate_in_parts
 
@@ -190,7 +191,7 @@ class MixedShardDataset(ConcatShardDataset):
     def __init__(self, datasets: Sequence[ShardDataset], weights: Sequence[float], stop: Stop,
                  with_source: bool = False) -> None:
         super().__init__(datasets, with_source)
-        self.weights = [float(w) for w in weights]
+        self.weights = [float(w) for w in real_weights(weights, "mix weights")]
         self.stop = stop
         self.sampling = MixSampling([len(ds) for ds in self.datasets], self.weights, stop)
 

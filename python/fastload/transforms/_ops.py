@@ -297,8 +297,14 @@ class SelectChannels(ValueTransform):
         super().__init__(fields)
         if isinstance(indices, (str, bytes)) or not isinstance(indices, (Sequence, np.ndarray)):
             raise TransformError(f"SelectChannels: indices must be a sequence of channel numbers, not {indices!r}")
-        self.indices = [_int(i, f"SelectChannels: indices {list(indices)!r}: index", 0, MAX_SIDE)
-                        for i in indices]
+        if len(indices) > MAX_SIDE:
+            raise TransformError(f"SelectChannels: indices must name at most {MAX_SIDE} channels, not {len(indices)}")
+        bad = [i for i in indices if isinstance(i, bool) or not isinstance(i, (int, np.integer))
+               or not 0 <= i <= MAX_SIDE]
+        if bad:
+            raise TransformError(f"SelectChannels: indices must be channel numbers in [0, {MAX_SIDE}], "
+                                 f"not {bad[0]!r} (in {list(indices)!r})")
+        self.indices = [int(i) for i in indices]
         if not self.indices:
             raise TransformError("SelectChannels: indices must name at least one channel")
 
