@@ -17,7 +17,6 @@ import torch
 
 from ..errors import ArgumentError
 
-
 MAX_COUNT = 1 << 31  # the largest batch size or world size a loader takes
 
 

@@ -43,9 +43,11 @@ def make_sampling(dataset: ShardDataset | ConcatShardDataset, shuffle: bool, ind
             num_samples = n
         if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)):
             raise ArgumentTypeError(f"num_samples must be a non-negative integer, not {num_samples!r}")
-        if not 0 <= num_samples <= MAX_EPOCH_POSITIONS:
-            raise ArgumentError(f"num_samples={num_samples!r} must be in [0, {MAX_EPOCH_POSITIONS}] (a weighted "
-                                "epoch's order holds 8 bytes per position)")
+        if num_samples < 0:
+            raise ArgumentError(f"num_samples must be a non-negative integer, not {num_samples!r}")
+        if num_samples > MAX_EPOCH_POSITIONS:
+            raise ArgumentError(f"num_samples={num_samples!r} is over the bound of {MAX_EPOCH_POSITIONS} positions "
+                                "per epoch (a weighted epoch's order holds 8 bytes per position)")
         if not isinstance(replacement, bool):
             raise ArgumentError(f"replacement must be True or False, not {replacement!r}")
         return WeightedSampling(np.ascontiguousarray(weights), int(num_samples), replacement)

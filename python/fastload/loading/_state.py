@@ -59,12 +59,13 @@ def check_state(state: Mapping[str, Any], *, fingerprint: str, n: int, seed: int
         raise StateError(f"state was saved with sampling {state.get('sampling')!r}, this loader samples "
                          f"{sampling!r}")
     for key, low in _INT_KEYS.items():
-        value = state.get(key)
+        got = state.get(key)
         if key not in state and key in ("batch_size", "world_size"):
             continue  # informational: states may omit them
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_EPOCH:
-            raise StateError(f"state has an invalid {key} {value!r}: expected an integer in [{low}, {MAX_EPOCH}]")
-    epoch, position = state.get("epoch"), state.get("position")
+        if isinstance(got, bool) or not isinstance(got, int) or not low <= got <= MAX_EPOCH:
+            raise StateError(f"state has an invalid {key} {got!r}: expected an integer in [{low}, {MAX_EPOCH}]")
+    epoch: int = state["epoch"]
+    position: int = state["position"]
     length = n if epoch_length is None else epoch_length(epoch)
     if not isinstance(position, int) or not 0 <= position <= length:
         raise StateError(f"state has an invalid epoch {epoch!r} or position {position!r}")

@@ -17,7 +17,6 @@ from ..errors import TransformError
 from ._rng import bernoulli, draw, randint
 from ._spec import FLOAT_OUTPUTS, FieldState, dtype_name
 
-
 MAX_SIDE = 1 << 20  # the largest size, padding or band width in pixels a parameter may give
 MAX_RECTS = 1024  # the most rectangles (AxisMasks count) one op may draw per sample
 
@@ -392,10 +391,11 @@ class RandomErasing(FillTransform):
         super().__init__(value, fields)
         if not 0.0 <= _finite(p, "RandomErasing: p") <= 1.0:
             raise TransformError(f"RandomErasing: p must be in [0, 1], not {p!r}")
+        self.p = float(p)  # attributes in this order: repr() is pinned by tests/data/transform_vectors.json
         self.scale = _range_pair(scale, "RandomErasing: scale")
         if self.scale[1] > 1:
             raise TransformError(f"RandomErasing: scale must be (min, max) within (0, 1], not {scale!r}")
-        self.p, self.ratio = float(p), _range_pair(ratio, "RandomErasing: ratio")
+        self.ratio = _range_pair(ratio, "RandomErasing: ratio")
 
     def rects(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
         """Return the erased rectangle of each sample."""
