@@ -144,6 +144,9 @@ LOADER_ROWS = [
     ("batch_size-huge", dict(batch_size=2**40), ArgumentError, ["batch_size", str(2**40)]),
     ("num_threads-huge", dict(num_threads=10**6), ArgumentError, ["num_threads", "1000000"]),
     ("prefetch-huge", dict(prefetch=10**6), ArgumentError, ["prefetch", "1000000"]),
+    ("num_workers-huge", dict(num_workers=10**6), ArgumentError, ["num_workers", "1000000"]),
+    ("num_workers-negative", dict(num_workers=-1), ArgumentError, ["num_workers", "-1"]),
+    ("prefetch_factor-huge", dict(prefetch_factor=10**6), ArgumentError, ["prefetch_factor", "1000000"]),
     ("world_size-bool", dict(world_size=True, rank=0), ArgumentError, ["world_size", "True"]),
 ]
 
@@ -209,6 +212,11 @@ def test_write_dataset_refuses_duplicate_names(tmp_path):
     with pytest.raises(ArgumentError, match=re.escape("names=['a', 'a']: duplicate field name(s) ['a']")):
         fastload.write_dataset([(np.zeros(2), 0)], tmp_path / "out", names=["a", "a"], samples_per_shard=4)
     assert not (tmp_path / "out").exists()
+
+
+def test_write_dataset_bounds_its_workers(tmp_path):
+    with pytest.raises(ArgumentError, match=re.escape("workers must be an integer in [1, 1024], not 1000000")):
+        fastload.write_dataset([np.zeros(2)], tmp_path / "out", workers=10**6, samples_per_shard=4)
 
 
 def test_writers_refuse_a_sample_over_the_readers_bound(tmp_path, monkeypatch):

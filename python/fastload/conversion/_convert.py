@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ArgumentError
 from ..format._manifest import MANIFEST_NAME, Manifest
 from ..format._record import CODECS, DEFAULT_ZSTD_LEVEL, Field, RecordEncoder
 from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
@@ -38,6 +39,8 @@ from ._sources import Source
 
 CHUNK_BYTES = 8 << 20
 _worker: dict[str, Any] = {}  # per worker process: the map-style dataset and its schema
+
+MAX_WORKERS = 1024  # the most encoding processes write_dataset starts
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str = "raw"
         raise ValueError(f"unknown codec {codec!r}; use one of {list(CODECS)}")
     if level is not None and (codec == "raw" or not ZSTD_LEVELS[0] <= level <= ZSTD_LEVELS[1]):
         raise ValueError(f"level {level} is not valid for codec {codec!r} (zstd codecs take 1 to 22)")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers > MAX_WORKERS:
+        raise ArgumentError(f"workers must be an integer in [1, {MAX_WORKERS}], not {workers!r}")
     if workers < 1 or (samples_per_shard is not None and samples_per_shard < 1):
         raise ValueError(f"workers and samples_per_shard must be positive, not {workers} and {samples_per_shard}")
     try:

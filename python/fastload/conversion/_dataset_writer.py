@@ -210,7 +210,8 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             if index == skipping:
                 continue
             if error is not None:
-                if isinstance(error, FastloadError):  # a typed error (a schema mismatch) travels as it is
+                if isinstance(error, FastloadError) and not isinstance(error, ImageReadError):
+                    # a typed error (a schema mismatch) travels as it is; an unreadable image is handled below
                     raise error
                 if not isinstance(error, ImageReadError):
                     raise PreprocessError(f"{src.relpath}: {type(error).__name__}: {error}") from error

@@ -21,8 +21,10 @@ MAX_COUNT = 1 << 31  # the largest batch size or world size a loader takes
 
 
 def _positive_int(name: str, value: Any, high: int = MAX_COUNT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        raise ArgumentError(f"{name} must be an integer in [1, {high}], not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArgumentError(f"{name} must be a positive integer, not {value!r}")
+    if value > high:
+        raise ArgumentError(f"{name} must be at most {high}, not {value!r}")
     return value
 
 

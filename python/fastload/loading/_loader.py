@@ -218,6 +218,11 @@ class ShardLoader:
             self.prefetch = auto_prefetch(self.num_threads, batch_bytes, self.pin_memory)
         else:
             self.prefetch = _positive_int("prefetch", prefetch, MAX_THREADS)
+        if num_workers != "auto" and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
+                                      or not 0 <= num_workers <= MAX_THREADS):
+            raise ArgumentError(f"num_workers must be an integer in [0, {MAX_THREADS}] or 'auto', not {num_workers!r}")
+        if prefetch_factor is not None:
+            _positive_int("prefetch_factor", prefetch_factor, MAX_THREADS)
         self.backend = _resolve_backend(backend)
         check_dataset_class(self.dataset, self.backend)
         self.augment = Augment(self.dataset, transforms, layout, batch_transform, output, seed)
@@ -245,8 +250,6 @@ class ShardLoader:
             "multiprocessing_context": multiprocessing_context}
         if self.backend == "torch":
             self.num_workers = workers_for_platform(num_workers)
-            if self.num_workers < 0:
-                raise ValueError(f"num_workers must be non-negative, not {self.num_workers}")
             self._init_kwargs["num_workers"] = self.num_workers
             self._sampler = OrderBatchSampler(self._order(0), self._plan(0, 0, warn=False))
             self._dataloader = make_dataloader(self.dataset, self._sampler, self.num_workers, self.pin_memory, seed,
