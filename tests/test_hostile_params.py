@@ -92,6 +92,9 @@ CONSTRUCTION_ROWS = [
      ["RandomErasing: ratio", "inf"]),
     ("erasing-value-str", lambda: RandomErasing(value="0"), TransformError, ["RandomErasing: value", "'0'"]),
     ("flip-p-nan", lambda: RandomFlip(p=math.nan), TransformError, ["RandomFlip: p", "nan"]),
+    ("pad-value-str", lambda: Pad(2, pad_value="0"), TransformError, ["Pad: pad_value", "'0'"]),
+    ("randomcrop-pad-value-dict-str", lambda: RandomCrop(8, pad_value={"image": "x"}), TransformError,
+     ["RandomCrop: pad_value", "'x'"]),
     ("pad-bool", lambda: Pad(True), TransformError, ["Pad: padding", "True"]),
     ("pad-huge", lambda: Pad((1, 2**40)), TransformError, ["Pad: padding", str(2**40)]),
     ("centercrop-huge", lambda: CenterCrop(2**21), TransformError, ["CenterCrop: size", str(2**21)]),
@@ -212,6 +215,12 @@ def test_write_dataset_refuses_duplicate_names(tmp_path):
     with pytest.raises(ArgumentError, match=re.escape("names=['a', 'a']: duplicate field name(s) ['a']")):
         fastload.write_dataset([(np.zeros(2), 0)], tmp_path / "out", names=["a", "a"], samples_per_shard=4)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_sample_bound_setting_is_typed(ds, monkeypatch):
+    monkeypatch.setenv("FASTLOAD_MAX_SAMPLE_BYTES", "-5")
+    with pytest.raises(ArgumentError, match=re.escape("FASTLOAD_MAX_SAMPLE_BYTES='-5'")):
+        fastload.ShardDataset(ds)
 
 
 def test_write_dataset_bounds_its_workers(tmp_path):

@@ -40,6 +40,15 @@ def _finite(value: Any, what: str) -> float:
     return v
 
 
+def _pad_values(value: Any, what: str) -> float | Mapping[str, float]:
+    """Return a pad value (a number, NaN allowed for float fields) or a dict of them per field; refuse the rest."""
+    values = value.values() if isinstance(value, Mapping) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TransformError(f"{what} must be a number or a dict of numbers per field, not {value!r}")
+    return value
+
+
 def _range_pair(value: Any, what: str) -> tuple[float, float]:
     """Return ``(min, max)``: two finite positive numbers with min <= max."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
@@ -158,7 +167,7 @@ class Pad(SpatialTransform):
         if len(p) != 4:
             raise TransformError(f"Pad: padding must be non-negative ints (1, 2 or 4 of them), not {padding!r}")
         self.padding = tuple(_int(v, f"Pad: padding {padding!r}") for v in p)  # left, top, right, bottom
-        self.pad_value_ = pad_value
+        self.pad_value_ = _pad_values(pad_value, "Pad: pad_value")
 
     def pad_value(self, field: str) -> float:
         """Return the pad value of ``field``."""
@@ -202,7 +211,7 @@ class RandomCrop(SpatialTransform):
         super().__init__(fields)
         self.size = _pair(size, "RandomCrop: size")
         self.padding = _int(padding, "RandomCrop: padding")
-        self.pad_value_ = pad_value
+        self.pad_value_ = _pad_values(pad_value, "RandomCrop: pad_value")
 
     pad_value = Pad.pad_value
 
