@@ -6,14 +6,23 @@ for example ``decode: train/shard-00003.lmdb record 1234: checksum mismatch``.
 
 from __future__ import annotations
 
+import os
+
 __all__ = [
+    "ArgumentError",
+    "ArgumentIndexError",
+    "ArgumentTypeError",
     "CorruptRecordError",
     "CorruptShardError",
     "DatasetError",
     "FastloadError",
     "FastloadWarning",
+    "ImageReadError",
+    "PreprocessError",
     "SchemaMismatchError",
     "ShardNotFoundError",
+    "SourceError",
+    "TransformError",
 ]
 
 
@@ -23,6 +32,40 @@ class FastloadError(Exception):
 
 class FastloadWarning(UserWarning):
     """A visible warning about something that works but probably not as meant (a unit mismatch, an option ignored)."""
+class ArgumentError(FastloadError, ValueError):
+    """A parameter's value is refused; the message names the parameter and quotes the value."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """A parameter has the wrong type (a string or a bool where a number goes, ...); also a ``TypeError``."""
+
+
+class ArgumentIndexError(ArgumentError, IndexError):
+    """A sample index given as a parameter is out of range; also an ``IndexError``."""
+
+
+class TransformError(ArgumentError):
+    """A transform cannot apply to the dataset's fields, or a parameter of it is refused; names the op."""
+
+
+class SourceError(FastloadError):
+    """The input folder or the label file is unusable; the message says which file and why."""
+
+
+class PreprocessError(FastloadError):
+    """A source image stopped a conversion run; the message names the file."""
+
+
+class ImageReadError(FastloadError):
+    """A source file could not be read; carries its path."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+    def __reduce__(self):  # crosses process boundaries from the encoding workers
+        return (type(self), (self.path, self.reason))
 
 
 class DatasetError(FastloadError):

@@ -17,6 +17,7 @@ from ..format._dtypes import dtype_name
 from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import Field, RecordEncoder
 from ._auto import Choice, choose_codec, sample_indices
+from ._samples import check_sample_bytes
 from ._shard_writer import dataset_id, write_shard
 
 
@@ -64,6 +65,7 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
         fields.append(field)
         if choice is not None:
             choices[name] = choice.to_json()
+    check_sample_bytes(fields, "write_arrays")
     out.mkdir(parents=True, exist_ok=True)
     encoder = RecordEncoder(fields)
     shards = []

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SchemaMismatchError
+from ..errors import ArgumentError, SchemaMismatchError
 from ..format._codecs import default_options
 from ..format._manifest import MANIFEST_NAME, Manifest
 from ..format._record import Field, RecordEncoder
@@ -39,11 +39,13 @@ from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
 from ._dataset_writer import PROGRESS_NAME, ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
 from ._run_record import check_resume_options
-from ._samples import check_sample, sample_arrays
+from ._samples import check_names, check_sample, check_sample_bytes, sample_arrays
 from ._sources import Source
 
 CHUNK_BYTES = 8 << 20
 _worker: dict[str, Any] = {}  # per worker process: the map-style dataset and its schema
+
+MAX_WORKERS = 1024  # the most encoding processes write_dataset starts
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     ``workers``; ``resume=True`` continues an interrupted write (ValueError
     when the options differ from the recorded ones).
     """
+    names = check_names(names)
     check_codecs(codec, None)  # the field names are checked once the first sample gives them
     used = {codec} if isinstance(codec, str) else set(codec.values())
     if level is not None and used <= {"raw"}:
@@ -125,6 +128,8 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
         raise ValueError(f"level {level} is not valid for codec {zstd[0]!r} (zstd codecs take 1 to 22)")
     if prefer not in PREFERENCES:
         raise ValueError(f"prefer must be one of {PREFERENCES}, not {prefer!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers > MAX_WORKERS:
+        raise ArgumentError(f"workers must be an integer in [1, {MAX_WORKERS}], not {workers!r}")
     if workers < 1 or (samples_per_shard is not None and samples_per_shard < 1):
         raise ValueError(f"workers and samples_per_shard must be positive, not {workers} and {samples_per_shard}")
     try:
@@ -178,6 +183,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
         head = [sample_arrays(s, i, tuple_names) for i, s in enumerate(itertools.islice(rest, wanted - 1), 1)]
     fields, choices = _plan_fields(first, codec, level, layout, quality, subsampling, prefer, lossy_ok,
                                    lambda: _auto_samples(source, count, first, head, tuple_names))
+    check_sample_bytes(fields, "write_dataset")
     for choice in choices.values():
         if progress:
             print(choice.summary())

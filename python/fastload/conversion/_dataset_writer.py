@@ -15,21 +15,16 @@ from typing import Any
 import xxhash
 from tqdm import tqdm
 
-from ..errors import DatasetError, FastloadError
+from ..errors import DatasetError, FastloadError, ImageReadError, PreprocessError
 from ..format._manifest import MANIFEST_NAME, Manifest, ShardInfo, file_hash, write_json_atomic
 from ..format._record import FORMAT_VERSION
 from ._encode import encode_source
-from ._images import ImageReadError
 from ._parallel import ordered_map
 from ._shard_writer import dataset_id, write_shard
 from ._sources import Source
 
 PROGRESS_NAME = ".progress.json"
 _DELAY_ENV = "FASTLOAD_TEST_SHARD_DELAY"  # tests: seconds to sleep after each shard
-
-
-class PreprocessError(Exception):
-    """A source image stopped the run; the message names the file."""
 
 
 @dataclass
@@ -242,7 +237,8 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             if index == skipping:
                 continue
             if error is not None:
-                if isinstance(error, FastloadError):  # a typed error (a schema mismatch) travels as it is
+                if isinstance(error, FastloadError) and not isinstance(error, ImageReadError):
+                    # a typed error (a schema mismatch) travels as it is; an unreadable image is handled below
                     raise error
                 if not isinstance(error, ImageReadError):
                     raise PreprocessError(f"{src.relpath}: {type(error).__name__}: {error}") from error

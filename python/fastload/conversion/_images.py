@@ -10,6 +10,8 @@ import numpy as np
 import tifffile
 from PIL import Image
 
+from ..errors import ImageReadError
+
 IMAGE_SUFFIXES = {".png": "pillow", ".jpg": "pillow", ".jpeg": "pillow", ".tif": "tiff", ".tiff": "tiff", ".npy": "npy",
                   ".h5": "hdf5", ".hdf5": "hdf5"}
 
@@ -23,18 +25,6 @@ _CHANNEL_AXES = "SCQIZ"  # tifffile axis codes that can stand for bands
 
 class LayoutError(ValueError):
     """A 3-D array's layout cannot be told from its shape; the message asks for --npy-layout."""
-
-
-class ImageReadError(Exception):
-    """A source file could not be read; carries its path."""
-
-    def __init__(self, path: str | os.PathLike, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = str(path)
-        self.reason = reason
-
-    def __reduce__(self):  # crosses process boundaries from the encoding workers
-        return (type(self), (self.path, self.reason))
 
 
 @dataclass(frozen=True)

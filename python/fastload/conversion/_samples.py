@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SchemaMismatchError
+from ..errors import ArgumentError, ArgumentTypeError, SchemaMismatchError
 from ..format._dtypes import dtype_name
-from ..format._record import Field
+from ..format._record import MAX_SAMPLE_BYTES_ENV, Field, max_sample_bytes
 
 
 def _to_array(value: Any, index: int, name: str) -> np.ndarray:
@@ -53,6 +53,32 @@ def sample_arrays(sample: Any, index: int, names: Sequence[str] | None = None) -
         items = [((names or ["0"])[0], sample)]
     # np.require keeps 0-d scalars 0-d (np.ascontiguousarray would make them 1-d).
     return {name: np.require(_to_array(v, index, name), requirements="C") for name, v in items}
+
+
+def check_sample_bytes(fields: Sequence[Field], what: str) -> None:
+    """Refuse a schema whose samples exceed the readers' bound, so no dataset is written that no reader opens."""
+    total = sum(f.nbytes for f in fields)
+    limit = max_sample_bytes()
+    if total > limit:
+        raise SchemaMismatchError(f"{what}: a sample is {total} bytes decoded "
+                                  f"({', '.join(f'{f.name!r} {f.nbytes}' for f in fields)}), over the readers' "
+                                  f"bound of {limit} bytes (set {MAX_SAMPLE_BYTES_ENV} to write and read larger "
+                                  "samples)")
+
+
+def check_names(names: Any) -> tuple[str, ...] | None:
+    """Return ``names`` as a tuple of distinct non-empty strings (or None); quote what is refused."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise ArgumentTypeError(f"names must be a sequence of field names, not {names!r}")
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        raise ArgumentTypeError(f"names={list(names)!r}: {bad[0]!r} is not a non-empty string")
+    seen = sorted({n for n in names if list(names).count(n) > 1})
+    if seen:
+        raise ArgumentError(f"names={list(names)!r}: duplicate field name(s) {seen}")
+    return tuple(names)
 
 
 def infer_fields(first: dict[str, np.ndarray], codec: str, options: Mapping[str, int]) -> tuple[Field, ...]:

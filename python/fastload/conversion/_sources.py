@@ -11,11 +11,8 @@ from typing import Any
 
 import xxhash
 
+from ..errors import SourceError
 from ._images import is_image_file
-
-
-class SourceError(Exception):
-    """The input folder or the label file is unusable; the message says which file and why."""
 
 
 @dataclass(frozen=True)

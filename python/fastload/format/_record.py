@@ -17,7 +17,7 @@ import numpy as np
 import xxhash
 import zstandard
 
-from ..errors import SchemaMismatchError
+from ..errors import ArgumentError, SchemaMismatchError
 from . import _payload
 from ._codecs import (
     CODECS,
@@ -61,7 +61,7 @@ def max_sample_bytes() -> int:
     except ValueError:
         value = 0
     if not 0 < value < 2**63:
-        raise ValueError(f"{MAX_SAMPLE_BYTES_ENV}={text!r}: expected a positive integer below 2**63")
+        raise ArgumentError(f"{MAX_SAMPLE_BYTES_ENV}={text!r}: expected a positive integer below 2**63")
     return value
 
 

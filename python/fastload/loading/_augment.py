@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..format._record import max_sample_bytes
 from ..transforms import Program, Transform
 from ..transforms._reference import apply
 from ..transforms._rng import mix64
@@ -76,7 +77,7 @@ class Augment:
                  layout: str | Mapping[str, str], batch_transform: BatchTransform | None,
                  output: Sequence[str] | None, seed: int) -> None:
         fields = [(f.name, f.dtype, f.shape) for f in dataset.fields]
-        self.program = Program(list(transforms), fields, layout) if transforms else None
+        self.program = Program(list(transforms), fields, layout, max_sample_bytes()) if transforms else None
         if batch_transform is not None and not callable(batch_transform):
             raise TypeError(f"batch_transform must be callable as fn(batch, generator), not {batch_transform!r}")
         self.batch_transform = batch_transform

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 import xxhash
 
-from ..errors import SchemaMismatchError
-from ..sampling._sampling import STOP_MODES, MixSampling, Stop
+from ..errors import ArgumentError, ArgumentIndexError, ArgumentTypeError, SchemaMismatchError
+from ..sampling._alias import real_weights
+from ..sampling._sampling import MAX_EPOCH_POSITIONS, STOP_MODES, MixSampling, Stop
 from ._dataset import ShardDataset, empty_batch, locate_in_parts
 
 SOURCE_FIELD = "source"
@@ -30,18 +31,24 @@ def check_indices(indices: Any, n: int, what: str = "indices") -> np.ndarray:
     if isinstance(indices, torch.Tensor):
         indices = indices.detach().cpu().numpy()
     if isinstance(indices, (str, bytes)) or not hasattr(indices, "__len__"):
-        raise TypeError(f"{what} must be a sequence or array of sample indices, not {type(indices).__name__}")
-    arr = np.asarray(indices)
+        raise ArgumentTypeError(f"{what} must be a sequence or array of sample indices, "
+                                f"not {type(indices).__name__}")
+    try:
+        arr = np.asarray(indices)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise ArgumentTypeError(f"{what} must be integers: {err}") from None
     if arr.ndim != 1:
-        raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
+        raise ArgumentError(f"{what} must be one-dimensional, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
         bad = next((x for x in arr.tolist() if isinstance(x, bool) or not isinstance(x, int)), arr.flat[0])
-        raise TypeError(f"{what} must be integers; got {bad!r} ({arr.dtype})")
-    arr = arr.astype(np.int64, copy=False) if arr.size else np.zeros(0, np.int64)
-    out_of_range = np.flatnonzero((arr < 0) | (arr >= n))
+        raise ArgumentTypeError(f"{what} must be integers; got {bad!r} ({arr.dtype})")
+    if not arr.size:
+        return np.zeros(0, np.uint64)
+    # Compared in the array's own dtype, so a huge uint64 is quoted as itself, not wrapped to a negative.
+    out_of_range = np.flatnonzero((arr < 0) | (arr >= n)) if arr.dtype.kind == "i" else np.flatnonzero(arr >= n)
     if out_of_range.size:
         i = int(out_of_range[0])
-        raise IndexError(f"{what}[{i}] = {int(arr[i])} is out of range for {n} samples")
+        raise ArgumentIndexError(f"{what}[{i}] = {int(arr[i])} is out of range for {n} samples")
     return arr.astype(np.uint64)
 
 
@@ -184,7 +191,7 @@ class MixedShardDataset(ConcatShardDataset):
     def __init__(self, datasets: Sequence[ShardDataset], weights: Sequence[float], stop: Stop,
                  with_source: bool = False) -> None:
         super().__init__(datasets, with_source)
-        self.weights = [float(w) for w in weights]
+        self.weights = [float(w) for w in real_weights(weights, "mix weights")]
         self.stop = stop
         self.sampling = MixSampling([len(ds) for ds in self.datasets], self.weights, stop)
 
@@ -236,9 +243,14 @@ def mix(datasets: Sequence[DatasetLike], weights: Sequence[float], stop: Stop = 
     """
     opened = _open_all(datasets, fields, "mix", with_source)
     if isinstance(weights, (str, bytes)) or len(weights) != len(opened):
-        raise ValueError(f"mix: {len(opened)} datasets need as many weights, got {weights!r}")
-    if isinstance(stop, bool) or not (stop in STOP_MODES or (isinstance(stop, int) and stop >= 0)):
-        raise ValueError(f"stop must be 'first_exhausted', 'all_exhausted' or a number of samples, not {stop!r}")
+        raise ArgumentError(f"mix: {len(opened)} datasets need as many weights, got {weights!r}")
+    if isinstance(stop, bool) or not (stop in STOP_MODES or (isinstance(stop, (int, np.integer)) and stop >= 0)):
+        raise ArgumentError(f"mix: stop must be 'first_exhausted', 'all_exhausted' or a number of samples, "
+                            f"not {stop!r}")
+    if not isinstance(stop, str) and stop > MAX_EPOCH_POSITIONS:
+        raise ArgumentError(f"mix: stop={stop!r} is over the bound of {MAX_EPOCH_POSITIONS} positions per epoch "
+                            "(a computed epoch order holds 8 bytes per position)")
+    stop = stop if isinstance(stop, str) else int(stop)
     empty = [j for j, ds in enumerate(opened) if len(ds) == 0]
     if empty:
         raise ValueError(f"mix: dataset {empty[0]} ({opened[empty[0]].path}) has no samples")

@@ -15,10 +15,16 @@ from typing import Any
 
 import torch
 
+from ..errors import ArgumentError
 
-def _positive_int(name: str, value: Any) -> int:
+MAX_COUNT = 1 << 31  # the largest batch size or world size a loader takes
+
+
+def _positive_int(name: str, value: Any, high: int = MAX_COUNT) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        raise ArgumentError(f"{name} must be a positive integer, not {value!r}")
+    if value > high:
+        raise ArgumentError(f"{name} must be at most {high}, not {value!r}")
     return value
 
 

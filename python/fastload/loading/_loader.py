@@ -12,6 +12,7 @@ from typing import Any, Literal, Union
 import numpy as np
 import torch
 
+from ..errors import ArgumentError
 from ..format._splits import resolve_dataset_path
 from ..sampling._order import EpochOrder
 from ..sampling._sampling import ArrayOrder
@@ -26,8 +27,10 @@ from ._native_groups import GroupedNativeEpoch, open_groups
 from ._plan import BatchIndices, EpochPlan
 from ._sampler import EpochBatchSampler, EpochSampler
 from ._sampling_setup import WithSource, dataset_fingerprint, make_sampling
-from ._state import check_state, make_state
+from ._state import MAX_EPOCH, check_state, make_state
 from ._torch_backend import OrderBatchSampler, make_dataloader, workers_for_platform
+
+MAX_THREADS = 1024  # the most native threads, and batches in flight, a loader takes
 
 BACKEND_ENV = "FASTLOAD_BACKEND"
 Auto = Literal["auto"]
@@ -209,13 +212,18 @@ class ShardLoader:
         self.even_batches = bool(even_batches)
         self.device = resolve_device(device)
         self.num_threads = min(os.cpu_count() or 1, 8) if num_threads == "auto" else _positive_int(
-            "num_threads", num_threads)
+            "num_threads", num_threads, MAX_THREADS)
         self.pin_memory = _resolve_pin_memory(pin_memory, self.device)
         if prefetch == "auto":
             batch_bytes = self.batch_size * sum(f.nbytes for f in self.dataset.fields)
             self.prefetch = auto_prefetch(self.num_threads, batch_bytes, self.pin_memory)
         else:
-            self.prefetch = _positive_int("prefetch", prefetch)
+            self.prefetch = _positive_int("prefetch", prefetch, MAX_THREADS)
+        if num_workers != "auto" and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
+                                      or not 0 <= num_workers <= MAX_THREADS):
+            raise ArgumentError(f"num_workers must be an integer in [0, {MAX_THREADS}] or 'auto', not {num_workers!r}")
+        if prefetch_factor is not None:
+            _positive_int("prefetch_factor", prefetch_factor, MAX_THREADS)
         self.backend = _resolve_backend(backend)
         check_dataset_class(self.dataset, self.backend)
         self.augment = Augment(self.dataset, transforms, layout, batch_transform, output, seed)
@@ -244,8 +252,6 @@ class ShardLoader:
             "multiprocessing_context": multiprocessing_context}
         if self.backend == "torch":
             self.num_workers = workers_for_platform(num_workers)
-            if self.num_workers < 0:
-                raise ValueError(f"num_workers must be non-negative, not {self.num_workers}")
             self._init_kwargs["num_workers"] = self.num_workers
             self._sampler = OrderBatchSampler(self._order(0), self._plan(0, 0, warn=False))
             self._dataloader = make_dataloader(self.dataset, self._sampler, self.num_workers, self.pin_memory, seed,
@@ -284,8 +290,8 @@ class ShardLoader:
         is already at keeps a position loaded by ``load_state_dict``, so a
         trainer that calls ``set_epoch`` after restoring a checkpoint resumes.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, not {epoch!r}")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_EPOCH:
+            raise ArgumentError(f"epoch must be an integer in [0, {MAX_EPOCH}], not {epoch!r}")
         self._abandon_active()
         if epoch != self._epoch or self._advance:  # only a loaded position is kept, not where a pass stopped
             self._epoch, self._start, self._advance = epoch, 0, False

@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..sampling._sampling import Sampling, SubsetSampling, WeightedSampling
+from ..errors import ArgumentError, ArgumentTypeError
+from ..sampling._alias import real_weights
+from ..sampling._sampling import MAX_EPOCH_POSITIONS, Sampling, SubsetSampling, WeightedSampling
 from ._compose import SOURCE_FIELD, ConcatShardDataset, MixedShardDataset, check_indices
 from ._dataset import ShardDataset
 
@@ -34,15 +36,20 @@ def make_sampling(dataset: ShardDataset | ConcatShardDataset, shuffle: bool, ind
                              "(as DataLoader refuses shuffle=True with a sampler)")
         if isinstance(sample_weights, torch.Tensor):
             sample_weights = sample_weights.detach().cpu().numpy()
-        weights = np.asarray(sample_weights, dtype=np.float64)
+        weights = real_weights(sample_weights, "sample_weights")
         if weights.ndim != 1 or len(weights) != n:
-            raise ValueError(f"sample_weights must hold one weight per sample ({n}), got shape {weights.shape}")
+            raise ArgumentError(f"sample_weights must hold one weight per sample ({n}), got shape {weights.shape}")
         if num_samples is None:
             num_samples = n
-        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 0:
-            raise ValueError(f"num_samples must be a non-negative integer, not {num_samples!r}")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)):
+            raise ArgumentTypeError(f"num_samples must be a non-negative integer, not {num_samples!r}")
+        if num_samples < 0:
+            raise ArgumentError(f"num_samples must be a non-negative integer, not {num_samples!r}")
+        if num_samples > MAX_EPOCH_POSITIONS:
+            raise ArgumentError(f"num_samples={num_samples!r} is over the bound of {MAX_EPOCH_POSITIONS} positions "
+                                "per epoch (a weighted epoch's order holds 8 bytes per position)")
         if not isinstance(replacement, bool):
-            raise ValueError(f"replacement must be True or False, not {replacement!r}")
+            raise ArgumentError(f"replacement must be True or False, not {replacement!r}")
         return WeightedSampling(np.ascontiguousarray(weights), int(num_samples), replacement)
     return Sampling()
 

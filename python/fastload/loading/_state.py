@@ -11,6 +11,9 @@ from ..format._record import FORMAT_VERSION, READABLE_FORMAT_VERSIONS
 from ..sampling._order import ORDER_VERSION
 
 STATE_VERSION = 1
+MAX_EPOCH = (1 << 63) - 1  # epochs are uint64 in the order's arithmetic; a state's is a non-negative int64
+# Integer entries of a state and their smallest allowed value (bools are refused: True is not an epoch).
+_INT_KEYS = {"epoch": 0, "position": 0, "batch_size": 1, "world_size": 1}
 
 
 class StateError(FastloadError, ValueError):
@@ -66,9 +69,14 @@ def check_state(state: Mapping[str, Any], *, fingerprint: str, n: int, seed: int
                          f"{sampling!r}")
     if augment is not None:
         check_augment(state, augment)
-    epoch, position = state.get("epoch"), state.get("position")
-    if not isinstance(epoch, int) or epoch < 0:
-        raise StateError(f"state has an invalid epoch {epoch!r} or position {position!r}")
+    for key, low in _INT_KEYS.items():
+        got = state.get(key)
+        if key not in state and key in ("batch_size", "world_size"):
+            continue  # informational: states may omit them
+        if isinstance(got, bool) or not isinstance(got, int) or not low <= got <= MAX_EPOCH:
+            raise StateError(f"state has an invalid {key} {got!r}: expected an integer in [{low}, {MAX_EPOCH}]")
+    epoch: int = state["epoch"]
+    position: int = state["position"]
     length = n if epoch_length is None else epoch_length(epoch)
     if not isinstance(position, int) or not 0 <= position <= length:
         raise StateError(f"state has an invalid epoch {epoch!r} or position {position!r}")

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import ArgumentError, ArgumentTypeError
 from ._order import _mix64_array, mix64
 
 SAMPLING_VERSION = 1
@@ -49,21 +50,40 @@ def word(base: int, position: int) -> int:
     return mix64((base + position * GAMMA) & _MASK64)
 
 
+def real_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
+    """Return ``weights`` as float64; refuse strings, bools, complex numbers and objects, quoting the first."""
+    if isinstance(weights, (str, bytes)):
+        raise ArgumentTypeError(f"{what} must be numbers, not {weights!r}")
+    if isinstance(weights, (list, tuple)):
+        bad = next((v for v in weights if isinstance(v, (bool, np.bool_, str, bytes, complex, np.complexfloating))),
+                   None)
+        if bad is not None:
+            raise ArgumentTypeError(f"{what} must be real numbers; got {bad!r}")
+    try:
+        raw = np.asarray(weights)
+    except (ValueError, TypeError) as err:
+        raise ArgumentTypeError(f"{what} must be real numbers: {err}") from None
+    if raw.size and raw.dtype.kind not in "iuf":
+        raise ArgumentTypeError(f"{what} must be real numbers; got {raw.flat[0]!r} ({raw.dtype})")
+    return raw.astype(np.float64)
+
+
 def quantize(weights: Sequence[float] | np.ndarray, what: str = "weights") -> list[int]:
     """Return the weights as integers ``floor(w / max(w) * 2**52)``; validate them first.
 
     Division by the maximum and scaling by a power of two are single IEEE-754
     operations, so the integers are the same everywhere.
     """
-    w = np.asarray(weights, dtype=np.float64)
+    w = real_weights(weights, what)
     if w.ndim != 1 or w.size == 0:
-        raise ValueError(f"{what} must be a non-empty 1-D sequence of numbers, got shape {w.shape}")
+        raise ArgumentError(f"{what} must be a non-empty 1-D sequence of numbers, got shape {w.shape}")
     bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
     if bad.size:
-        raise ValueError(f"{what}[{int(bad[0])}] is {float(w[bad[0]])!r}; weights must be finite and non-negative")
+        raise ArgumentError(f"{what}[{int(bad[0])}] is {float(w[bad[0]])!r}; weights must be finite and "
+                            "non-negative")
     top = float(w.max())
     if top <= 0:
-        raise ValueError(f"{what} are all zero; at least one must be positive")
+        raise ArgumentError(f"{what} are all zero; at least one must be positive")
     return [int(q) for q in np.floor(w / top * float(1 << WEIGHT_BITS)).tolist()]
 
 

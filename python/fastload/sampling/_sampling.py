@@ -18,6 +18,7 @@ from typing import Any, Protocol, Union
 import numpy as np
 import xxhash
 
+from ..errors import ArgumentError
 from ._alias import (
     SAMPLING_VERSION,
     TAG_KEYS,
@@ -35,6 +36,7 @@ from ._order import EpochOrder
 
 Stop = Union[str, int]
 STOP_MODES = ("first_exhausted", "all_exhausted")
+MAX_EPOCH_POSITIONS = 1 << 31  # a computed epoch order (weights, mixtures) holds 8 bytes per position: 16 GiB
 
 
 class IndexOrder(Protocol):
@@ -169,10 +171,13 @@ class WeightedSampling(Sampling):
 
     def __init__(self, weights: np.ndarray, num_samples: int, replacement: bool) -> None:
         self.weights, self.num_samples, self.replacement = weights, num_samples, replacement
+        if num_samples > MAX_EPOCH_POSITIONS:
+            raise ArgumentError(f"num_samples={num_samples!r} is over the bound of {MAX_EPOCH_POSITIONS} positions "
+                                "per epoch (a computed epoch order holds 8 bytes per position)")
         self._quantized = quantize(weights, "sample_weights")
         positive = sum(1 for q in self._quantized if q > 0)
         if not replacement and num_samples > positive:
-            raise ValueError(f"num_samples={num_samples} without replacement needs as many positive weights; "
+            raise ArgumentError(f"num_samples={num_samples} without replacement needs as many positive weights; "
                              f"sample_weights has {positive}")
         self._table: AliasTable | None = None
 
@@ -228,9 +233,18 @@ class MixSampling(Sampling):
     def __init__(self, sizes: list[int], weights: list[float], stop: Stop) -> None:
         self.sizes, self.weights, self.stop = sizes, weights, stop
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.uint64)
-        self.table = AliasTable(quantize(weights, "mix weights"))
-        if any(q == 0 for q in quantize(weights, "mix weights")):
-            raise ValueError(f"mix weights must all be positive, not {weights}")
+        quantized = quantize(weights, "mix weights")
+        self.table = AliasTable(quantized)
+        if any(q == 0 for q in quantized):
+            raise ArgumentError(f"mix weights must all be positive, not {weights}")
+        if isinstance(stop, str):  # the expected end: source j is exhausted after about size_j / p_j positions
+            total = sum(quantized)
+            ends = [size * total / q for size, q in zip(sizes, quantized)]
+            expected = min(ends) if stop == "first_exhausted" else max(ends)
+            if expected > MAX_EPOCH_POSITIONS / 2:
+                raise ArgumentError(f"mix: stop={stop!r} with weights {list(weights)} and sizes {list(sizes)} "
+                                    f"would run about {expected:.3g} positions per epoch, over the bound of "
+                                    f"{MAX_EPOCH_POSITIONS // 2} (raise the small weights or pass stop=<int>)")
         self._cache: tuple[tuple[int, int], np.ndarray] | None = None
 
     def check(self, n: int) -> None:
@@ -269,6 +283,9 @@ class MixSampling(Sampling):
                         reached[j] = done + hits[need - 1]
                     counts[j] += len(hits)
             done += chunk
+            if done > MAX_EPOCH_POSITIONS:
+                raise ArgumentError(f"mix: stop={self.stop!r} ran past the bound of {MAX_EPOCH_POSITIONS} "
+                                    "positions per epoch")
             if self.stop == "first_exhausted" and (reached >= 0).any():
                 end = int(reached[reached >= 0].min()) + 1
                 break

@@ -13,23 +13,63 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import TransformError
 from ._rng import bernoulli, draw, randint
 from ._spec import FLOAT_OUTPUTS, FieldState, dtype_name
 
+MAX_SIDE = 1 << 20  # the largest size, padding or band width in pixels a parameter may give
+MAX_RECTS = 1024  # the most rectangles (AxisMasks count) one op may draw per sample
 
-class TransformError(ValueError):
-    """A transform cannot apply to the dataset's fields; the message names the op and the field."""
+
+def _int(value: Any, what: str, low: int = 0, high: int = MAX_SIDE) -> int:
+    """Return ``value`` as an int in [low, high]; refuse bools, floats and anything else, quoting it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TransformError(f"{what} must be an integer, not {value!r}")
+    if not low <= int(value) <= high:
+        raise TransformError(f"{what} must be in [{low}, {high}], not {value!r}")
+    return int(value)
+
+
+def _finite(value: Any, what: str) -> float:
+    """Return ``value`` as a finite float that float32 holds; refuse NaN, infinities, bools, strings and overflow."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TransformError(f"{what} must be a number, not {value!r}")
+    v = float(value)
+    if not np.isfinite(v) or abs(v) > float(np.finfo(np.float32).max):
+        raise TransformError(f"{what} must be finite and within float32's range, not {value!r}")
+    return v
+
+
+def _pad_values(value: Any, what: str) -> float | Mapping[str, float]:
+    """Return a pad value (a number, NaN allowed for float fields) or a dict of them per field; refuse the rest."""
+    values = value.values() if isinstance(value, Mapping) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TransformError(f"{what} must be a number or a dict of numbers per field, not {value!r}")
+    return value
+
+
+def _range_pair(value: Any, what: str) -> tuple[float, float]:
+    """Return ``(min, max)``: two finite positive numbers with min <= max."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise TransformError(f"{what} must be (min, max), not {value!r}")
+    lo, hi = (_finite(v, what) for v in value)
+    if not 0 < lo <= hi:
+        raise TransformError(f"{what} must be (min, max) with 0 < min <= max, not {value!r}")
+    return lo, hi
 
 
 def _pair(value: int | Sequence[int], what: str) -> tuple[int, int]:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         pair = (int(value), int(value))
-    elif isinstance(value, Sequence) and len(value) == 2:
-        pair = (int(value[0]), int(value[1]))
+    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        pair = (_int(value[0], what, 1), _int(value[1], what, 1))
     else:
         raise TransformError(f"{what} must be an int or a pair (height, width), not {value!r}")
     if min(pair) <= 0:
         raise TransformError(f"{what} must be positive, not {value!r}")
+    if max(pair) > MAX_SIDE:
+        raise TransformError(f"{what} must be at most {MAX_SIDE}, not {value!r}")
     return pair
 
 
@@ -145,13 +185,18 @@ class Pad(SpatialTransform):
     def __init__(self, padding: int | Sequence[int], pad_value: float | Mapping[str, float] = 0,
                  fields: str | Sequence[str] | None = None) -> None:
         super().__init__(fields)
-        p = [padding] * 4 if isinstance(padding, int) else list(padding)
+        if isinstance(padding, (int, np.integer)):
+            p = [padding] * 4
+        elif isinstance(padding, Sequence) and not isinstance(padding, str):
+            p = list(padding)
+        else:
+            p = []
         if len(p) == 2:
             p = [p[0], p[1], p[0], p[1]]
-        if len(p) != 4 or any(not isinstance(v, (int, np.integer)) or v < 0 for v in p):
+        if len(p) != 4:
             raise TransformError(f"Pad: padding must be non-negative ints (1, 2 or 4 of them), not {padding!r}")
-        self.padding = tuple(int(v) for v in p)  # left, top, right, bottom
-        self.pad_value_ = pad_value
+        self.padding = tuple(_int(v, f"Pad: padding {padding!r}") for v in p)  # left, top, right, bottom
+        self.pad_value_ = _pad_values(pad_value, "Pad: pad_value")
 
     def pad_value(self, field: str) -> float:
         """Return the pad value of ``field``."""
@@ -196,10 +241,8 @@ class RandomCrop(SpatialTransform):
                  fields: str | Sequence[str] | None = None) -> None:
         super().__init__(fields)
         self.size = _pair(size, "RandomCrop: size")
-        if not isinstance(padding, (int, np.integer)) or isinstance(padding, bool) or padding < 0:
-            raise TransformError(f"RandomCrop: padding must be a non-negative int, not {padding!r}")
-        self.padding = int(padding)
-        self.pad_value_ = pad_value
+        self.padding = _int(padding, "RandomCrop: padding")
+        self.pad_value_ = _pad_values(pad_value, "RandomCrop: pad_value")
 
     pad_value = Pad.pad_value
 
@@ -226,7 +269,7 @@ class RandomFlip(SpatialTransform):
     def __init__(self, horizontal: bool = True, vertical: bool = False, p: float = 0.5,
                  fields: str | Sequence[str] | None = None) -> None:
         super().__init__(fields)
-        if not 0.0 <= p <= 1.0:
+        if not 0.0 <= _finite(p, "RandomFlip: p") <= 1.0:
             raise TransformError(f"RandomFlip: p must be in [0, 1], not {p!r}")
         self.horizontal, self.vertical, self.p = bool(horizontal), bool(vertical), float(p)
 
@@ -297,6 +340,15 @@ class SelectChannels(ValueTransform):
 
     def __init__(self, indices: Sequence[int], fields: str | Sequence[str] | None = None) -> None:
         super().__init__(fields)
+        if isinstance(indices, (str, bytes)) or not isinstance(indices, (Sequence, np.ndarray)):
+            raise TransformError(f"SelectChannels: indices must be a sequence of channel numbers, not {indices!r}")
+        if len(indices) > MAX_SIDE:
+            raise TransformError(f"SelectChannels: indices must name at most {MAX_SIDE} channels, not {len(indices)}")
+        bad = [i for i in indices if isinstance(i, bool) or not isinstance(i, (int, np.integer))
+               or not 0 <= i <= MAX_SIDE]
+        if bad:
+            raise TransformError(f"SelectChannels: indices must be channel numbers in [0, {MAX_SIDE}], "
+                                 f"not {bad[0]!r} (in {list(indices)!r})")
         self.indices = [int(i) for i in indices]
         if not self.indices:
             raise TransformError("SelectChannels: indices must name at least one channel")
@@ -315,7 +367,19 @@ class ToDtype(ValueTransform):
     def __init__(self, dtype: Any = "float32", scale: float = 1.0, fields: str | Sequence[str] | None = None) -> None:
         super().__init__(fields)
         self.dtype = _float_dtype("ToDtype", dtype)
-        self.scale = float(scale)
+        self.scale = _finite(scale, "ToDtype: scale")
+        top = float(np.finfo(np.float16).max) if self.dtype == "float16" else float(np.finfo(np.float32).max)
+        if abs(self.scale) > top:
+            raise TransformError(f"ToDtype: scale {scale!r} overflows {self.dtype} (largest {top:g})")
+
+
+def _values(value: Any, what: str) -> list[Any]:
+    if isinstance(value, (str, bytes)):
+        raise TransformError(f"{what} must be a number or a sequence of numbers, not {value!r}")
+    out = list(value) if isinstance(value, (Sequence, np.ndarray)) else [value]
+    if not 1 <= len(out) <= MAX_SIDE:
+        raise TransformError(f"{what} must hold 1 to {MAX_SIDE} values, not {len(out)}")
+    return out
 
 
 class Normalize(ValueTransform):
@@ -328,10 +392,10 @@ class Normalize(ValueTransform):
     def __init__(self, mean: float | Sequence[float], std: float | Sequence[float], dtype: Any = "float32",
                  fields: str | Sequence[str] | None = None) -> None:
         super().__init__(fields)
-        self.mean = [float(v) for v in (mean if isinstance(mean, Sequence) else [mean])]
-        self.std = [float(v) for v in (std if isinstance(std, Sequence) else [std])]
-        if any(s == 0 or not np.isfinite(s) for s in self.std):
-            raise TransformError(f"Normalize: std must be finite and non-zero, not {std!r}")
+        self.mean = [_finite(v, f"Normalize: mean {mean!r}") for v in _values(mean, "Normalize: mean")]
+        self.std = [_finite(v, f"Normalize: std {std!r}") for v in _values(std, "Normalize: std")]
+        if any(np.float32(s) == 0 for s in self.std):
+            raise TransformError(f"Normalize: std must be finite and non-zero in float32, not {std!r}")
         self.dtype = _float_dtype("Normalize", dtype)
 
 
@@ -347,6 +411,8 @@ class FillTransform(ValueTransform):
 
     def __init__(self, value: float, fields: str | Sequence[str] | None) -> None:
         super().__init__(fields)
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise TransformError(f"{self.name}: value must be a number, not {value!r}")
         self.value = float(value)
 
     def check(self, h: int, w: int, field: str) -> None:
@@ -371,13 +437,13 @@ class RandomErasing(FillTransform):
     def __init__(self, p: float = 0.5, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3),
                  value: float = 0, fields: str | Sequence[str] | None = None) -> None:
         super().__init__(value, fields)
-        if not 0.0 <= p <= 1.0:
+        if not 0.0 <= _finite(p, "RandomErasing: p") <= 1.0:
             raise TransformError(f"RandomErasing: p must be in [0, 1], not {p!r}")
-        if not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
+        self.p = float(p)  # attributes in this order: repr() is pinned by tests/data/transform_vectors.json
+        self.scale = _range_pair(scale, "RandomErasing: scale")
+        if self.scale[1] > 1:
             raise TransformError(f"RandomErasing: scale must be (min, max) within (0, 1], not {scale!r}")
-        if not (len(ratio) == 2 and 0 < ratio[0] <= ratio[1]):
-            raise TransformError(f"RandomErasing: ratio must be (min, max) with 0 < min <= max, not {ratio!r}")
-        self.p, self.scale, self.ratio = float(p), tuple(map(float, scale)), tuple(map(float, ratio))
+        self.ratio = _range_pair(ratio, "RandomErasing: ratio")
 
     def rects(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
         """Return the erased rectangle of each sample."""
@@ -415,9 +481,9 @@ class AxisMasks(FillTransform):
         super().__init__(value, fields)
         if axis not in ("height", "width"):
             raise TransformError(f"AxisMasks: axis must be 'height' or 'width', not {axis!r}")
-        if max_width < 0 or count < 1:
-            raise TransformError(f"AxisMasks: max_width must be >= 0 and count >= 1, not {max_width}, {count}")
-        self.axis, self.max_width, self.count = axis, int(max_width), int(count)
+        self.axis = axis
+        self.max_width = _int(max_width, "AxisMasks: max_width")
+        self.count = _int(count, "AxisMasks: count", 1, MAX_RECTS)
 
     def check(self, h: int, w: int, field: str) -> None:
         """Fail when a band could be wider than the sample."""
@@ -504,11 +570,10 @@ class RandomResizedCrop(ResampleTransform):
                  ratio: Sequence[float] = (3 / 4, 4 / 3), interpolation: str | Mapping[str, str] | None = None,
                  fields: str | Sequence[str] | None = None) -> None:
         super().__init__(size, interpolation, fields)
-        if not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
+        self.scale = _range_pair(scale, "RandomResizedCrop: scale")
+        if self.scale[1] > 1:
             raise TransformError(f"RandomResizedCrop: scale must be (min, max) within (0, 1], not {scale!r}")
-        if not (len(ratio) == 2 and 0 < ratio[0] <= ratio[1]):
-            raise TransformError(f"RandomResizedCrop: ratio must be (min, max) with 0 < min <= max, not {ratio!r}")
-        self.scale, self.ratio = tuple(map(float, scale)), tuple(map(float, ratio))
+        self.ratio = _range_pair(ratio, "RandomResizedCrop: ratio")
 
     def boxes(self, keys: np.ndarray, h: int, w: int) -> np.ndarray:
         """Return each sample's box."""

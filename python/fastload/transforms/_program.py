@@ -56,11 +56,14 @@ class Program:
 
     ``fields`` are (name, dtype, shape) of what the loader decodes; ``layout``
     ("chw" or "hwc", or a dict per field name) says where a 3-D field keeps
-    its channels; 2-D fields are single-channel images or masks.
+    its channels; 2-D fields are single-channel images or masks. ``max_sample_bytes``
+    (the readers' bound on one decoded sample) bounds every field's bytes at every
+    point of the chain, so an op that would grow a sample past it is refused here,
+    the same for both backends.
     """
 
     def __init__(self, ops: Sequence[Transform], fields: Sequence[tuple[str, str, tuple[int, ...]]],
-                 layout: str | Mapping[str, str] = "chw") -> None:
+                 layout: str | Mapping[str, str] = "chw", max_sample_bytes: int | None = None) -> None:
         self.ops = list(ops)
         state: dict[str, FieldState] = {}
         for name, dtype, shape in fields:
@@ -78,6 +81,10 @@ class Program:
                 raise TransformError(f"transforms[{position}] is {op!r}, not a fastload.transforms op")
             for name in op.targets(state):
                 state[name] = self._compile(op, position, state[name])
+                total = sum(s.nbytes for s in state.values())
+                if max_sample_bytes is not None and total > max_sample_bytes:
+                    raise op.fail(name, f"a sample would be {total} bytes (field shape {state[name].shape}), over "
+                                        f"the {max_sample_bytes}-byte bound of one sample (FASTLOAD_MAX_SAMPLE_BYTES)")
         self.outputs = state
 
     def _compile(self, op: Transform, position: int, src: FieldState) -> FieldState:
