@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -60,16 +62,33 @@ def start(body: str) -> subprocess.Popen:
 
 
 def finish(proc: subprocess.Popen, timeout: float = TIMEOUT) -> tuple[str, str, list[int]]:
-    """Wait for ``proc``; return its output and the processes of its session still alive, then kill them."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        left = live_processes_of_session(proc.pid)
-    except subprocess.TimeoutExpired:
+    """Wait for ``proc``; return its output and the processes of its session still alive, then kill them.
+
+    The leader is reaped only after its session is killed: until then its pid, which is the session's and
+    its process group's id, cannot be another process's, so the kill reaches nothing else.
+    """
+    assert proc.stdout is not None and proc.stderr is not None
+    with ThreadPoolExecutor(2) as readers:  # the pipes drain while the leader runs
+        out, err = readers.submit(proc.stdout.read), readers.submit(proc.stderr.read)
+        exited = exited_unreaped(proc.pid, timeout)
+        left = live_processes_of_session(proc.pid) if exited else []
         kill_session(proc)
-        out, err = proc.communicate()
-        pytest.fail(f"still running after {timeout} s\n{out}\n{err}")
-    kill_session(proc)
-    return out, err, left
+        output = out.result(), err.result()
+    proc.stdout.close()
+    proc.stderr.close()
+    if not exited:
+        pytest.fail(f"still running after {timeout} s\n{output[0]}\n{output[1]}")
+    return output[0], output[1], left
+
+
+def exited_unreaped(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for child ``pid`` to exit, leaving it a zombie (not reaped: its pid stays its own)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def wait_for_lines(proc: subprocess.Popen, prefix: str, count: int) -> None:
@@ -83,15 +102,15 @@ def wait_for_lines(proc: subprocess.Popen, prefix: str, count: int) -> None:
 
 
 def kill_session(proc: subprocess.Popen) -> None:
-    """Kill what is left of ``proc``'s session (it leads one), so that no stuck worker outlives the test.
+    """Kill what is left of ``proc``'s session (it leads one), then reap ``proc``.
 
-    Only while the session has members: its id is then still theirs, not a reused pid of another's.
+    Call it while ``proc`` is not reaped (running, or exited and left a zombie by ``exited_unreaped``): the
+    session's id is then still ``proc``'s pid, not a reused one of another process.
     """
-    if live_processes_of_session(proc.pid):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:  # gone meanwhile
-            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is empty (a zombie leader counts as a member; never here)
+        pass
     proc.wait()
 
 
@@ -205,3 +224,55 @@ def test_ctrl_c_stops_a_conversion_whose_workers_are_stuck(tmp_path):
     assert proc.returncode != 0 and "KeyboardInterrupt" in err and "Timeout" not in err, err
     assert not (tmp_path / "out" / "manifest.json").exists()
     assert left == [], f"processes still running: {left}"
+
+
+def test_a_sigint_that_reaches_the_workers_changes_nothing():
+    # A terminal's Ctrl-C reaches the workers too: they leave it to the consumer (which kills them when it
+    # stops). Here it reaches them alone, mid-task: every result still arrives, none as KeyboardInterrupt
+    # and no worker dies (a worker unwinding halfway through sending a result wedged the result pipe).
+    proc = start("""
+        def task(i):
+            time.sleep(0.05)
+            return i, os.getpid()
+
+        got, workers = [], set()
+        for n, (result, error) in enumerate(_parallel.ordered_map(task, [(i,) for i in range(60)], 2)):
+            assert error is None, repr(error)
+            got.append(result[0])
+            workers.add(result[1])
+            if n in (5, 20, 35):
+                for pid in workers:
+                    os.kill(pid, signal.SIGINT)
+        assert got == list(range(60)), got
+        print("results in order from", len(workers), "workers", flush=True)
+    """)
+    out, err, left = finish(proc)
+    assert proc.returncode == 0 and "results in order from 2 workers" in out, out + err
+    assert left == []
+
+
+def test_ctrl_c_handled_by_another_thread_still_stops_the_wait():
+    # The kernel may hand a process's SIGINT to any thread that does not block it; the handler then only
+    # flags it, and an untimed wait in the main thread (on a task that takes long) is not interrupted.
+    proc = start("""
+        import threading
+        def task(i):
+            time.sleep(STUCK_S if i == 0 else 0)
+            return i
+
+        def interrupt_from_another_thread():
+            time.sleep(0.5)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+        threading.Thread(target=interrupt_from_another_thread, daemon=True).start()
+        started = time.monotonic()
+        try:
+            for _ in _parallel.ordered_map(task, [(i,) for i in range(4)], 2):
+                pass
+        except KeyboardInterrupt:
+            print("interrupted after", round(time.monotonic() - started), "s", flush=True)
+    """.replace("STUCK_S", "60"))
+    out, err, left = finish(proc)
+    assert proc.returncode == 0 and "interrupted after" in out, out + err
+    assert int(out.split("interrupted after")[1].split()[0]) < 10, out  # a slice of the wait, not the task's 60 s
+    assert left == []

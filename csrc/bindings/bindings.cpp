@@ -1,7 +1,7 @@
 // The only file that knows Python: pybind11 bindings of the fastload core.
 //
 // Note on the GIL: with the GIL held we parse arguments and take pointers and
-// sizes from buffers; then one py::gil_scoped_release scope does the C++ work
+// sizes from buffers; then one GIL-release scope (GilRelease) does the C++ work
 // and touches no Python object; then results are built with the GIL back.
 // Waiting for a batch releases the GIL in slices of kSignalPollMs so that
 // Ctrl-C (PyErr_CheckSignals) interrupts a wait promptly.
@@ -12,10 +12,12 @@
 // Lifecycle rules of a BatchReader (see PyBatchReader):
 // - one consumer: next() and submit() from a second thread while one is inside
 //   them raise FastloadError instead of racing on the batch queue;
-// - interpreter exit: a (daemon) thread waiting in next() must not take the
-//   GIL back once Python is finalizing (CPython would end the thread with
-//   pthread_exit, whose unwinding through a noexcept destructor aborts the
-//   process), so it parks until the process exits;
+// - interpreter exit: no thread takes the GIL back through this module once
+//   the interpreter has begun to exit, except the finalizing one (CPython
+//   would end it with pthread_exit, whose unwinding through a destructor
+//   aborts the process): every GIL release here is an exit_gate::GilRelease
+//   (never py::gil_scoped_release), every GIL taken from another thread an
+//   exit_gate::GilForThisThread; see exit_gate.h;
 // - os.fork(): the child inherits the reader but not its worker threads, whose
 //   mutexes may even be held. Every use in the child raises FastloadError, and
 //   close() or destruction there abandons the reader (leaks it) rather than
@@ -29,13 +31,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "bindings/exit_gate.h"
 #include "checked_math.h"
 #include "errors.h"
 #include "format/record_decoder.h"
@@ -47,6 +49,7 @@
 
 namespace py = pybind11;
 using namespace fastload;
+using fastload::exit_gate::GilRelease;
 
 namespace {
 
@@ -123,12 +126,18 @@ std::shared_ptr<const TransformPipeline> to_pipeline(const std::vector<StepTuple
   return std::make_shared<const TransformPipeline>(std::move(steps), decoded, num_params);
 }
 
-// Holds a Python object from C++; safe to destroy on any thread.
+// Holds a Python object from C++; safe to destroy on any thread. Once the
+// interpreter is exiting, a thread other than the finalizing one leaks the
+// object rather than take the GIL.
 struct GilObject {
   py::object obj;
   explicit GilObject(py::object o) : obj(std::move(o)) {}
   ~GilObject() {
-    py::gil_scoped_acquire gil;
+    const exit_gate::GilForThisThread gil;
+    if (!gil.held()) {
+      static_cast<void>(obj.release());
+      return;
+    }
     py::object drop = std::move(obj);
   }
 };
@@ -138,25 +147,6 @@ struct GilObject {
 struct SlotLease {
   std::shared_ptr<Slot> slot;
 };
-
-bool python_finalizing() noexcept {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing() != 0;
-#else
-  return _Py_IsFinalizing() != 0;
-#endif
-}
-
-// Takes the GIL back after PyEval_SaveThread, or parks this thread for good
-// when the interpreter is shutting down (see the lifecycle rules above); the
-// main thread, which finalizes, never parks. Not a destructor: should CPython
-// still end the thread, unwinding passes through.
-void restore_thread_or_park(PyThreadState* state, unsigned long main_thread) {
-  if (PyThread_get_thread_ident() != main_thread) {
-    while (python_finalizing()) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-  PyEval_RestoreThread(state);
-}
 
 // Marks the single consumer of a reader as busy for one call.
 class ConsumerGuard {
@@ -199,7 +189,7 @@ class PyBatchReader {
     options.shard_fingerprints = std::move(shard_fingerprints);
     options.pool = std::move(pool);
     {
-      py::gil_scoped_release release;
+      const GilRelease release;
       reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), std::move(options));
     }
     for (size_t f = 0; f < dtypes_.size(); ++f) {  // the arrays next() builds must lie inside their field's area
@@ -221,7 +211,7 @@ class PyBatchReader {
       abandon();
       return;
     }
-    py::gil_scoped_release release;
+    const GilRelease release;
     reader_.reset();
   }
 
@@ -278,7 +268,7 @@ class PyBatchReader {
     }
     BatchReader& r = reader();
     const ConsumerGuard guard(busy_, "submit");
-    py::gil_scoped_release release;
+    const GilRelease release;
     r.submit(std::move(copy), std::move(values));
   }
 
@@ -294,7 +284,7 @@ class PyBatchReader {
       } catch (...) {
         error = std::current_exception();
       }
-      restore_thread_or_park(state, main_thread_);
+      exit_gate::restore_or_park(state);
       if (error) std::rethrow_exception(error);
       if (!batch && PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
@@ -337,7 +327,7 @@ class PyBatchReader {
       abandon();
       return;
     }
-    py::gil_scoped_release release;
+    const GilRelease release;
     reader_->close();
   }
 
@@ -351,9 +341,6 @@ class PyBatchReader {
   size_t num_params_ = 0;
   std::unique_ptr<BatchReader> reader_;
   pid_t owner_pid_ = ::getpid();
-  // Python's main thread, which runs the interpreter's finalization.
-  unsigned long main_thread_ =
-      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   std::atomic<bool> busy_{false};
 };
 
@@ -403,7 +390,7 @@ py::array_t<uint64_t> permutation_at(uint64_t seed, uint64_t epoch, uint64_t n,
   py::array_t<uint64_t> out(static_cast<py::ssize_t>(count));
   uint64_t* dst = out.mutable_data();
   {
-    py::gil_scoped_release release;
+    const GilRelease release;
     const Permutation perm(seed, epoch, n);
     for (size_t i = 0; i < count; ++i) dst[i] = perm(src[i]);
   }
@@ -415,7 +402,7 @@ py::array_t<uint64_t> permutation_slice(uint64_t seed, uint64_t epoch, uint64_t 
   py::array_t<uint64_t> out(static_cast<py::ssize_t>(count));
   uint64_t* dst = out.mutable_data();
   {
-    py::gil_scoped_release release;
+    const GilRelease release;
     const Permutation perm(seed, epoch, n);
     for (uint64_t i = 0; i < count; ++i) dst[i] = perm(start + i);
   }
@@ -438,7 +425,7 @@ void decode_record(const py::buffer& record, const std::vector<FieldTuple>& fiel
     }
     dest.push_back(static_cast<uint8_t*>(infos.back().ptr));
   }
-  py::gil_scoped_release release;
+  const GilRelease release;
   try {
     decoder.decode(static_cast<const uint8_t*>(in.ptr), static_cast<size_t>(in.size * in.itemsize), dest.data(),
                    key.value_or(kAnyKey));
@@ -476,7 +463,7 @@ void decode_records(const py::buffer& blob, const py::array_t<uint64_t, py::arra
     }
     dest.push_back(static_cast<uint8_t*>(infos.back().ptr));
   }
-  py::gil_scoped_release release;
+  const GilRelease release;
   decode_all(static_cast<const uint8_t*>(in.ptr), bounds, specs, dest,
              DecoderOptions{verify, kDefaultMaxSampleBytes, version, fingerprint});
 }
@@ -507,7 +494,7 @@ void library_decode(int codec, const py::buffer& blob,
       throw py::value_error("library_decode: image geometry disagrees with decoded_bytes");
     }
   }
-  py::gil_scoped_release release;
+  const GilRelease release;
   library_decode_all(static_cast<Codec>(codec), static_cast<const uint8_t*>(in.ptr), bounds,
                      static_cast<uint8_t*>(dst.ptr), decoded_bytes, ImageGeometry{height, width, channels, false});
 }
@@ -517,7 +504,7 @@ uint64_t lookup_records(const ShardSet& shards, const py::array_t<uint64_t, py::
   for (uint64_t index : copy) {
     if (index >= shards.total_records()) throw py::index_error("lookup_records: index out of range");
   }
-  py::gil_scoped_release release;
+  const GilRelease release;
   return lookup_all(shards, copy);
 }
 
@@ -526,6 +513,14 @@ uint64_t lookup_records(const ShardSet& shards, const py::array_t<uint64_t, py::
 PYBIND11_MODULE(_native, m) {
   m.doc() = "fastload's native core: LMDB shard reading, record decoding and the batch worker pool.";
   register_errors();
+  // Interpreter exit and fork: exit_gate.h. atexit runs its callbacks last registered first: multiprocessing's,
+  // which terminates daemonic children (torch DataLoader workers a pass is reading from), is registered first so
+  // that it runs after the gate has parked the threads reading from them.
+  py::module_::import("multiprocessing.util");
+  py::module_::import("atexit").attr("register")(py::cpp_function([] { exit_gate::begin_exit(); }));
+  py::module_::import("os").attr("register_at_fork")(
+      py::arg("after_in_child") = py::cpp_function([] { exit_gate::after_fork_in_child(); }));
+  Py_AtExit(&exit_gate::interpreter_gone);
 
   m.def(
       "checksum", [](const py::buffer& b) {
@@ -552,7 +547,7 @@ PYBIND11_MODULE(_native, m) {
       [](const std::string& path, uint64_t expected_records) {
         ShardLayout layout;
         {
-          py::gil_scoped_release release;
+          const GilRelease release;
           layout = validate_shard_file(path, expected_records);
         }
         py::dict out;
@@ -569,13 +564,21 @@ PYBIND11_MODULE(_native, m) {
   m.def("library_decode", &library_decode, py::arg("codec"), py::arg("blob"), py::arg("offsets"), py::arg("out"),
         py::arg("decoded_bytes"), py::arg("height") = 0, py::arg("width") = 0, py::arg("channels") = 0,
         "Decodes payloads laid end to end with the codec's library alone, one thread (a benchmark floor).");
+  m.def(
+      "begin_step", [] { exit_gate::enter_step(); },
+      "A loader step (one next()) begins on this thread; once the interpreter is exiting, a thread other than "
+      "the finalizing one parks here for good.");
+  m.def(
+      "end_step", [] { exit_gate::leave_step(); },
+      "The step ends; once the interpreter is exiting, a thread other than the finalizing one parks here for good "
+      "rather than return into Python.");
   m.attr("RECORD_MAGIC") = kRecordMagic;
   m.attr("RECORD_VERSION") = kRecordVersion;
   m.attr("DEFAULT_MAX_SAMPLE_BYTES") = kDefaultMaxSampleBytes;
 
   py::class_<ShardSet, std::shared_ptr<ShardSet>>(m, "ShardSet", "The shards of one dataset, mapped and validated.")
       .def(py::init([](const std::vector<std::string>& paths, const std::vector<uint64_t>& counts) {
-             py::gil_scoped_release release;
+             const GilRelease release;
              return std::make_shared<ShardSet>(paths, counts);
            }),
            py::arg("paths"), py::arg("counts"))

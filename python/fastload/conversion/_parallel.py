@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# The consumer waits on a task in slices of this many seconds, so that a Ctrl-C is seen within one even
+# when the kernel hands SIGINT to another thread of this process (an untimed wait there is not interrupted).
+WAIT_SLICE_S = 0.1
 
 
 def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
@@ -23,7 +29,11 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
     what they would still return is not wanted, and one stuck in a task (a
     dataset that blocks, a lock inherited through the fork) must not hang the
     caller. A worker that dies shows as ``BrokenProcessPool`` at every task
-    not done.
+    not done. Ctrl-C is this process's alone: the workers ignore SIGINT (a
+    terminal sends it to the whole process group), so none dies or unwinds
+    halfway through sending a result (which wedged the result pipe and hung
+    the run, or turned the Ctrl-C into a broken-pool error); they start with
+    SIGINT blocked, so that none is interrupted before it ignores it.
     ``initializer(*initargs)`` runs once in each worker process (once in this
     process when ``workers <= 1``), e.g. to hand every worker a dataset once
     rather than with every task.
@@ -38,12 +48,13 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
                 yield None, err
         return
     window = 4 * workers
-    executor = ProcessPoolExecutor(max_workers=workers, initializer=initializer, initargs=initargs)
+    executor = ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(initializer, initargs))
     pending: deque[Future[Any]] = deque()
     finished = False
     try:
         for args in arg_tuples:
-            pending.append(executor.submit(fn, *args))
+            with _sigint_blocked():  # a submit may start workers and the executor's threads
+                pending.append(executor.submit(fn, *args))
             if len(pending) >= window:
                 yield _outcome(pending.popleft())
         while pending:
@@ -81,7 +92,34 @@ def _kill_workers(executor: ProcessPoolExecutor) -> None:
         results._writer.close()
 
 
+@contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread for the block: processes forked and threads started in it inherit the mask.
+
+    A SIGINT arriving meanwhile stays pending and is delivered (as KeyboardInterrupt) when the block ends.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no process groups, no fork
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _start_worker(initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    """Worker start: ignore SIGINT (the consumer handles Ctrl-C and kills the workers), then unblock it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if initializer is not None:
+        initializer(*initargs)
+
+
 def _outcome(future: Future[T]) -> tuple[T | None, BaseException | None]:
+    while not future.done():
+        wait((future,), timeout=WAIT_SLICE_S, return_when=FIRST_COMPLETED)
     try:
         return future.result(), None
     except Exception as err:

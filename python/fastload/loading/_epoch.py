@@ -22,6 +22,15 @@ import torch
 from ..errors import FastloadError
 from ._plan import EpochPlan
 
+try:  # the exit gate (csrc/bindings/exit_gate.h); the torch backend also runs without the extension
+    from .._native import begin_step, end_step
+except ImportError:
+    def begin_step() -> None:
+        """Without the extension: nothing to guard."""
+
+    def end_step() -> None:
+        """Without the extension: nothing to guard."""
+
 Batch = dict[str, torch.Tensor]
 _STAGES = ("read_s", "decompress_s", "copy_s")
 
@@ -65,9 +74,14 @@ class EpochIterator:
         if not self._busy.acquire(blocking=False):
             raise FastloadError("this loader iterator is being consumed by another thread; give each thread its "
                                 "own iterator (or its own ShardLoader)")
+        # Once the interpreter is exiting, a thread other than the one that finalizes it parks in begin_step or
+        # end_step (and the exit waits a moment for steps in flight): it never returns into code that may drop
+        # the GIL as finalization begins, which CPython answers with pthread_exit (an abort through C++ frames).
+        begin_step()
         try:
             return self._next_batch()
         finally:
+            end_step()
             self._busy.release()
 
     def _next_batch(self) -> Batch:
