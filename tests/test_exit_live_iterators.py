@@ -160,4 +160,4 @@ def test_every_gil_retake_in_the_bindings_goes_through_the_exit_gate():
                  "PyGILState_Ensure", "PyEval_SaveThread"):
         count = code.count(name)
         allowed = 1 if name == "PyEval_SaveThread" else 0  # BatchReader.next's poll, restored by restore_or_park
-        assert count == allowed, f"bindings.cpp uses {name} {count} times; use exit_gate's GilRelease / GilForThisThread"
+        assert count == allowed, f"bindings.cpp uses {name} {count} times; use GilRelease / GilForThisThread"

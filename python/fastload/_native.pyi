@@ -47,10 +47,10 @@ def validate_shard(path: str, expected_records: int) -> dict[str, int]:
     """Validate a shard file's whole LMDB structure (CorruptShardError if unsound); return a summary."""
 
 def begin_step() -> None:
-    """A loader step (one next()) begins on this thread; at interpreter exit another thread parks here."""
+    """Mark the start of a loader step (one next()) on this thread; at interpreter exit another thread parks here."""
 
 def end_step() -> None:
-    """The step ends; at interpreter exit a thread other than the finalizing one parks here, not returning."""
+    """Mark the end of the step; at interpreter exit a thread other than the finalizing one parks here for good."""
 
 class ShardSet:
     """The shards of one dataset, mapped and validated."""
