@@ -7,12 +7,12 @@
 # symbol versions. `auditwheel repair` then tags the wheel manylinux_2_28 (it refuses a
 # wheel that needs more).
 #
-#   FASTLOAD_WHEEL_PYTHONS  the interpreters to build for, one wheel each (default: python3)
+#   FASTLOAD_WHEEL_PYTHONS  the interpreters to build for, one wheel each (default: $PYTHON_BOOT, else python3)
 #   FASTLOAD_WHEEL_GLIBC    the oldest glibc to run on (default: 2.28)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHONS=${FASTLOAD_WHEEL_PYTHONS:-python3}
+PYTHONS=${FASTLOAD_WHEEL_PYTHONS:-${PYTHON_BOOT:-python3}}
 GLIBC=${FASTLOAD_WHEEL_GLIBC:-2.28}
 ARCH=$(uname -m)
 PLAT="manylinux_${GLIBC/./_}_${ARCH}"
