@@ -39,6 +39,11 @@ EOF
   chmod +x "build/zig-toolchain/$tool"
 done
 
+# The unwinder: the system's libgcc_s (the manylinux policy allows it), not zig's static libunwind
+# (CMakeLists.txt, FASTLOAD_UNWIND_LIBRARY).
+UNWIND=$(gcc -print-file-name=libgcc_s.so.1 2>/dev/null || true)
+case "$UNWIND" in /*) ;; *) UNWIND=/lib/$ARCH-linux-gnu/libgcc_s.so.1 ;; esac
+
 rm -rf "$RAW"
 mkdir -p "$RAW" wheelhouse
 for py in $PYTHONS; do
@@ -51,6 +56,7 @@ for py in $PYTHONS; do
       -C cmake.define.FASTLOAD_THIRD_PARTY_FROM_SOURCE=ON \
       -C cmake.define.FASTLOAD_DOWNLOAD_PYTHON="$ZIG_PY" \
       -C cmake.define.FASTLOAD_THIRD_PARTY_DOWNLOADS="$DOWNLOADS" \
+      -C cmake.define.FASTLOAD_UNWIND_LIBRARY="$UNWIND" \
       .
 done
 
