@@ -41,8 +41,8 @@ esac
 echo "== ldd $native"
 deps=$(LD_LIBRARY_PATH= ldd "$native")
 echo "$deps"
-# Only the C runtime (the manylinux policy's libraries) may come from the system.
-bad=$(echo "$deps" | grep -v -E '^\s*(linux-vdso\.so|/lib64/ld-linux|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so)' || true)
+# Only the C runtime and the unwinder (libgcc_s) of the manylinux policy may come from the system.
+bad=$(echo "$deps" | grep -v -E '^\s*(linux-vdso\.so|/lib64/ld-linux|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libgcc_s\.so)' || true)
 if [ -n "$bad" ]; then
   echo "test_wheel: the extension loads libraries outside the manylinux policy:" >&2
   echo "$bad" >&2
