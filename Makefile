@@ -26,7 +26,8 @@ FUZZ_BUILD   := build/fuzz
 FUZZ_CORPUS  := build/fuzz-corpus
 FUZZ_SECONDS ?= 600
 
-.PHONY: install system-deps demo test test-gpu test-asan test-cpp test-windows-core bench bench-quick lint clean fuzz fuzz-ci fuzz-build
+# (wheel and test-wheel: self-contained manylinux wheels, scripts/build_wheel.sh and scripts/test_wheel.sh)
+.PHONY: wheel test-wheel install system-deps demo test test-gpu test-asan test-cpp test-windows-core bench bench-quick lint clean fuzz fuzz-ci fuzz-build
 
 install: $(VENV)/.installed
 
@@ -52,6 +53,17 @@ $(VENV)/.installed: $(VENV)/.torch-ok $(SOURCES) | system-deps
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" "cmake>=3.18" ninja
 	$(PY) -m pip install -q --no-build-isolation -c $(VENV)/torch-constraint.txt ".[dev]"
 	touch $@
+
+# A self-contained manylinux_2_28 wheel into wheelhouse/: the C libraries from pinned sources,
+# linked statically, built with zig's toolchain for glibc 2.28 (needs no -dev packages).
+# FASTLOAD_WHEEL_PYTHONS="python3.10 python3.11 ..." builds one wheel per interpreter.
+wheel:
+	PYTHON_BOOT=$(PYTHON_BOOT) scripts/build_wheel.sh
+
+# The wheel in a fresh venv (only it, torch and the test dependencies): ldd shows no codec
+# library from the system, and the suite runs against it from outside the checkout.
+test-wheel: wheel
+	PYTHON_BOOT=$(PYTHON_BOOT) TORCH_SPEC="$(TORCH_SPEC)" scripts/test_wheel.sh
 
 demo: install
 	$(PY) -m fastload.demo --output-dir demo-output

@@ -20,6 +20,13 @@ fastload_find_c_library(LZ4 "lz4" lz4.h lz4 liblz4)
 fastload_find_c_library(SPNG "libspng" spng.h spng libspng spng_static)
 fastload_find_c_library(TURBOJPEG "TurboJPEG (libjpeg-turbo)" turbojpeg.h turbojpeg libturbojpeg turbojpeg-static)
 
+if(_missing AND FASTLOAD_THIRD_PARTY_FROM_SOURCE STREQUAL "AUTO")
+  string(REPLACE ";" ", " _missing_text "${_missing}")
+  message(STATUS "fastload: ${_missing_text} not found on this system: building the C libraries from "
+                 "pinned source archives (FASTLOAD_THIRD_PARTY_FROM_SOURCE=AUTO; OFF makes this an error)")
+  include(${CMAKE_CURRENT_LIST_DIR}/third_party_windows.cmake)
+  return()
+endif()
 if(_missing)
   string(REPLACE ";" ", " _missing_text "${_missing}")
   message(FATAL_ERROR

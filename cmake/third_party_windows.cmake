@@ -17,14 +17,24 @@
 #   libjpeg-turbo  pylibjxl 0.5.0     third_party/libjpeg-turbo (3.1.3, the whole tree,
 #                                     built with its own CMake, SIMD off: no nasm needed)
 #   LMDB           lmdb 3.0.0         lib/mdb.c, midl.c (LMDB 0.9.36, without py-lmdb's patches)
-# zlib (for libspng) is the target's own: Debian's libz-mingw-w64-dev for the
-# mingw-w64 cross-build (the Makefile installs it), linked statically.
+#   zlib           zlib-ng 1.1.0      src/zlib_ng/zlib-ng (zlib-ng 2.3.3, ZLIB_COMPAT: the zlib
+#                                     1.3.1 API; built with its own CMake), not on Windows
+# zlib (for libspng) on Windows is the target's own: Debian's libz-mingw-w64-dev for
+# the mingw-w64 cross-build (the Makefile installs it), linked statically.
+# This file also builds the self-contained Linux wheels (scripts/build_wheel.sh),
+# and sdist builds where the system lacks a library (FASTLOAD_THIRD_PARTY_FROM_SOURCE=AUTO).
 # The core reads shards without liblmdb: LMDB is built only for
 # csrc/tests/lmdb_readonly_tests.cpp, which checks py-lmdb's read-only
 # opening of shards on Windows.
 
 enable_language(C)
-set(FASTLOAD_DOWNLOAD_PYTHON "python3" CACHE STRING "A Python with pip, used to download the source archives")
+# The Python building the wheel by default (scikit-build-core names it): its pip.
+if(Python_EXECUTABLE)
+  set(_download_python "${Python_EXECUTABLE}")
+else()
+  set(_download_python "python3")
+endif()
+set(FASTLOAD_DOWNLOAD_PYTHON "${_download_python}" CACHE STRING "A Python with pip, used to download the source archives")
 set(FASTLOAD_THIRD_PARTY_DOWNLOADS "${CMAKE_BINARY_DIR}/third-party-downloads" CACHE PATH
     "Where the pinned source archives are downloaded (and reused when their hash matches)")
 
@@ -47,9 +57,19 @@ function(fastload_third_party_source VAR NAME VERSION SHA256)
     file(REMOVE "${archive}")
     message(STATUS "fastload: downloading the ${NAME} ${VERSION} source distribution from PyPI")
     execute_process(
-      COMMAND ${FASTLOAD_DOWNLOAD_PYTHON} -m pip download --quiet --no-deps --no-binary :all:
+      # (Without the variables of pip's isolated build environment, which hide pip itself.)
+      COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
+              ${FASTLOAD_DOWNLOAD_PYTHON} -m pip download --quiet --no-deps --no-binary :all:
               ${isolation} -d "${FASTLOAD_THIRD_PARTY_DOWNLOADS}" "${NAME}==${VERSION}"
       RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0 AND isolation)
+      # (A Python without setuptools and wheel reads the metadata in an isolated environment.)
+      execute_process(
+        COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
+                ${FASTLOAD_DOWNLOAD_PYTHON} -m pip download --quiet --no-deps --no-binary :all:
+                -d "${FASTLOAD_THIRD_PARTY_DOWNLOADS}" "${NAME}==${VERSION}"
+        RESULT_VARIABLE rc)
+    endif()
     if(NOT rc EQUAL 0 OR NOT EXISTS "${archive}")
       message(FATAL_ERROR "fastload: could not download ${NAME}==${VERSION} (sdist) with pip; put "
                           "${NAME}-${VERSION}.tar.gz into ${FASTLOAD_THIRD_PARTY_DOWNLOADS} by hand.")
@@ -97,12 +117,59 @@ fastload_third_party_source(_lz4 lz4 4.4.5
 add_library(fastload_lz4 STATIC "${_lz4}/lz4libs/lz4.c")
 target_include_directories(fastload_lz4 SYSTEM PUBLIC "${_lz4}/lz4libs")
 
-# libspng inflates with zlib: the target's own, linked statically.
-find_path(FASTLOAD_ZLIB_INCLUDE_DIR zlib.h)
-find_library(FASTLOAD_ZLIB_LIBRARY NAMES libz.a z zlib)
-if(NOT FASTLOAD_ZLIB_INCLUDE_DIR OR NOT FASTLOAD_ZLIB_LIBRARY)
-  message(FATAL_ERROR "fastload: zlib for the target was not found (libspng needs it); for the mingw-w64 "
-                      "cross-build: sudo apt-get install libz-mingw-w64-dev")
+# The sub-builds (zlib-ng, libjpeg-turbo) use the same compilers and flags as this one, as
+# position-independent code (they are linked into the extension module).
+include(ExternalProject)
+set(_sub_args -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON)
+if(CMAKE_TOOLCHAIN_FILE)
+  get_filename_component(_toolchain "${CMAKE_TOOLCHAIN_FILE}" ABSOLUTE BASE_DIR "${CMAKE_SOURCE_DIR}")
+  list(APPEND _sub_args "-DCMAKE_TOOLCHAIN_FILE=${_toolchain}")
+else()
+  list(APPEND _sub_args "-DCMAKE_C_COMPILER=${CMAKE_C_COMPILER}" "-DCMAKE_C_FLAGS=${CMAKE_C_FLAGS}")
+  if(CMAKE_OSX_ARCHITECTURES)
+    list(APPEND _sub_args "-DCMAKE_OSX_ARCHITECTURES=${CMAKE_OSX_ARCHITECTURES}")
+  endif()
+  if(CMAKE_OSX_DEPLOYMENT_TARGET)
+    list(APPEND _sub_args "-DCMAKE_OSX_DEPLOYMENT_TARGET=${CMAKE_OSX_DEPLOYMENT_TARGET}")
+  endif()
+endif()
+if(CMAKE_MAKE_PROGRAM)
+  list(APPEND _sub_args "-DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}")
+endif()
+
+# libspng inflates with zlib, linked statically: the target's own on Windows, elsewhere
+# zlib-ng in its zlib-compatible mode, built from the pinned sources.
+if(WIN32)
+  find_path(FASTLOAD_ZLIB_INCLUDE_DIR zlib.h)
+  find_library(FASTLOAD_ZLIB_LIBRARY NAMES libz.a z zlib)
+  if(NOT FASTLOAD_ZLIB_INCLUDE_DIR OR NOT FASTLOAD_ZLIB_LIBRARY)
+    message(FATAL_ERROR "fastload: zlib for the target was not found (libspng needs it); for the mingw-w64 "
+                        "cross-build: sudo apt-get install libz-mingw-w64-dev")
+  endif()
+else()
+  fastload_third_party_source(_zlibng zlib_ng 1.1.0
+    08a3a8468d4f130e3dc80d28ec42fcc7a878a57dfed616233e791066327d78a3
+    BUILD_ISOLATION zlib_ng-1.1.0/src/zlib_ng/zlib-ng/*)
+  set(_zlib_src "${_zlibng}/src/zlib_ng/zlib-ng")
+  set(_zlib_build "${CMAKE_BINARY_DIR}/zlib-ng")
+  ExternalProject_Add(fastload_zlib_build
+    SOURCE_DIR "${_zlib_src}"
+    BINARY_DIR "${_zlib_build}"
+    CMAKE_ARGS ${_sub_args} "-DCMAKE_INSTALL_PREFIX=${_zlib_build}/not-installed" -DZLIB_COMPAT=ON
+               -DBUILD_TESTING=OFF -DWITH_GTEST=OFF -DWITH_GZFILEOP=OFF -DWITH_NATIVE_INSTRUCTIONS=OFF
+    BUILD_COMMAND ${CMAKE_COMMAND} --build <BINARY_DIR> --target zlib-ng
+    BUILD_BYPRODUCTS "${_zlib_build}/${CMAKE_STATIC_LIBRARY_PREFIX}z${CMAKE_STATIC_LIBRARY_SUFFIX}"
+    UPDATE_COMMAND "" INSTALL_COMMAND ""
+    LOG_CONFIGURE ON LOG_BUILD ON LOG_OUTPUT_ON_FAILURE ON)
+  # (The include directory exists only after the build: created now so the target may name it.)
+  file(MAKE_DIRECTORY "${_zlib_build}")
+  add_library(fastload_zlib STATIC IMPORTED GLOBAL)
+  set_target_properties(fastload_zlib PROPERTIES
+    IMPORTED_LOCATION "${_zlib_build}/${CMAKE_STATIC_LIBRARY_PREFIX}z${CMAKE_STATIC_LIBRARY_SUFFIX}"
+    INTERFACE_INCLUDE_DIRECTORIES "${_zlib_build}")
+  add_dependencies(fastload_zlib fastload_zlib_build)
+  set(FASTLOAD_ZLIB_INCLUDE_DIR "${_zlib_build}")
+  set(FASTLOAD_ZLIB_LIBRARY fastload_zlib)
 endif()
 fastload_third_party_source(_pyspng pyspng 0.1.4
   c715f97caf46c7d2fe1cd473114e36c7bba7d9a4ef6575b46e0e53de9354759a
@@ -113,6 +180,9 @@ target_include_directories(fastload_spng SYSTEM PUBLIC "${_spng}" PRIVATE "${FAS
 # SPNG_STATIC: spng.h declares the functions dllimport on Windows without it.
 target_compile_definitions(fastload_spng PUBLIC SPNG_STATIC)
 target_link_libraries(fastload_spng PUBLIC "${FASTLOAD_ZLIB_LIBRARY}")
+if(TARGET fastload_zlib_build)
+  add_dependencies(fastload_spng fastload_zlib_build)  # its zlib.h is generated
+endif()
 
 # libjpeg-turbo: its own CMake (it generates its configuration headers and
 # builds each source at three sample precisions), for the same target, with
@@ -124,16 +194,8 @@ fastload_third_party_source(_pylibjxl pylibjxl 0.5.0
 set(_jpeg_src "${_pylibjxl}/third_party/libjpeg-turbo")
 set(_jpeg_build "${CMAKE_BINARY_DIR}/libjpeg-turbo")
 # (An install prefix on this machine all the same: its default for Windows is c:/.)
-set(_jpeg_args -DCMAKE_BUILD_TYPE=Release "-DCMAKE_INSTALL_PREFIX=${_jpeg_build}/not-installed" -DENABLE_SHARED=OFF -DENABLE_STATIC=ON -DWITH_SIMD=OFF
+set(_jpeg_args ${_sub_args} "-DCMAKE_INSTALL_PREFIX=${_jpeg_build}/not-installed" -DENABLE_SHARED=OFF -DENABLE_STATIC=ON -DWITH_SIMD=OFF
     -DWITH_TURBOJPEG=ON -DWITH_JAVA=OFF -DWITH_TOOLS=OFF -DWITH_TESTS=OFF -DWITH_FUZZ=OFF)
-if(CMAKE_TOOLCHAIN_FILE)
-  get_filename_component(_toolchain "${CMAKE_TOOLCHAIN_FILE}" ABSOLUTE BASE_DIR "${CMAKE_SOURCE_DIR}")
-  list(APPEND _jpeg_args "-DCMAKE_TOOLCHAIN_FILE=${_toolchain}")
-endif()
-if(CMAKE_MAKE_PROGRAM)
-  list(APPEND _jpeg_args "-DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}")
-endif()
-include(ExternalProject)
 ExternalProject_Add(fastload_libjpeg_turbo_build
   SOURCE_DIR "${_jpeg_src}"
   BINARY_DIR "${_jpeg_build}"
