@@ -78,7 +78,8 @@ def interrupt_once(scenes: Path, out: Path, delay: float, to_group: bool) -> tup
         except subprocess.TimeoutExpired:
             return "hang", None, ""
         took = time.monotonic() - sent
-        if proc.returncode == 130 and "interrupted; completed shards are kept, continue with: " in err and "--resume" in err:
+        interrupted = "interrupted; completed shards are kept, continue with: " in err and "--resume" in err
+        if proc.returncode == 130 and interrupted:
             return "interrupted", took, err
         # Done before the signal; or done and exiting (main() returned), where SIGINT ends the interpreter.
         if proc.returncode in (0, -signal.SIGINT) and (out / "manifest.json").exists():

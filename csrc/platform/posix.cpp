@@ -1,13 +1,22 @@
 // The POSIX side of the platform layer (platform.h, file_mapping.h).
+//
+// The SIGBUS handler (file_mapping.h) is the one piece of process-wide state
+// in the core, as a signal disposition is process-wide by nature: the handler
+// it replaced (to forward every fault that is not a read of a shrunk mapping
+// inside a MappedReadScope) and the page size, both written once, before the
+// handler is installed. Which mapping a thread is reading is thread-local.
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "errors.h"
@@ -25,9 +34,94 @@ struct Fd {
   }
 };
 
+// The mapping the calling thread reads now (innermost MappedReadScope), or null.
+thread_local const MappedReadScope::Range* t_reading = nullptr;
+
+struct BusErrorState {
+  struct sigaction previous {};
+  uintptr_t page_size = 4096;
+};
+
+BusErrorState& bus_error_state() {
+  static BusErrorState state;
+  return state;
+}
+
+// Hands a SIGBUS that is not ours to the handler we replaced, or to the default action.
+void forward_bus_error(int sig, siginfo_t* info, void* context) {
+  const struct sigaction& prev = bus_error_state().previous;
+  const bool sent = info == nullptr || info->si_code <= 0;  // by kill/raise, not by a faulting access
+  if ((prev.sa_flags & SA_SIGINFO) != 0) {
+    if (prev.sa_sigaction != nullptr) {
+      prev.sa_sigaction(sig, info, context);
+      return;
+    }
+  } else if (prev.sa_handler == SIG_IGN) {
+    if (sent) return;  // a fault cannot be ignored: it would recur forever; take the default below
+  } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != nullptr) {
+    prev.sa_handler(sig);
+    return;
+  }
+  // The default action: a faulting access runs again on return and ends the process as it would have.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(sig, &dfl, nullptr);
+  if (sent) ::raise(sig);
+}
+
+extern "C" void on_bus_error(int sig, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
+  const MappedReadScope::Range* range = t_reading;
+  if (range != nullptr && info != nullptr && info->si_code > 0) {
+    const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+    const auto begin = reinterpret_cast<uintptr_t>(range->data);
+    if (addr >= begin && addr - begin < range->size) {
+      // The flag first: a thread that reads the page of zeros below finds it set when it checks.
+      range->changed->store(true, std::memory_order_seq_cst);
+      const uintptr_t page = bus_error_state().page_size;
+      void* at = reinterpret_cast<void*>(addr & ~(page - 1));
+      if (::mmap(at, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+        errno = saved_errno;
+        return;  // the read goes on, over zeros, and its result is refused by check_unchanged
+      }
+    }
+  }
+  errno = saved_errno;
+  forward_bus_error(sig, info, context);
+}
+
+// Installs on_bus_error once per process, remembering the handler it replaces.
+void install_bus_error_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    BusErrorState& state = bus_error_state();
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page > 0) state.page_size = static_cast<uintptr_t>(page);
+    if (::sigaction(SIGBUS, nullptr, &state.previous) != 0) return;
+    struct sigaction ours {};
+    ours.sa_sigaction = &on_bus_error;
+    sigemptyset(&ours.sa_mask);
+    ours.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK | SA_RESTART;
+    ::sigaction(SIGBUS, &ours, nullptr);
+  });
+}
+
 }  // namespace
 
+MappedReadScope::MappedReadScope(const FileMapping& mapping) noexcept
+    : range_{mapping.data_, mapping.size_, &mapping.changed_}, outer_(t_reading) {
+  t_reading = &range_;
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // in force before this thread's next read
+}
+
+MappedReadScope::~MappedReadScope() {
+  std::atomic_signal_fence(std::memory_order_seq_cst);  // the reads inside come before
+  t_reading = outer_;
+}
+
 FileMapping::FileMapping(const std::string& path) {
+  install_bus_error_handler();
   // O_NONBLOCK: opening a FIFO must not wait for a writer.
   Fd fd{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
   if (fd.fd < 0) {
@@ -43,6 +137,11 @@ FileMapping::FileMapping(const std::string& path) {
   if (p == MAP_FAILED) throw CorruptShardError(path, std::string("cannot map the file (") + std::strerror(errno) + ")");
   data_ = static_cast<const uint8_t*>(p);
   size_ = bytes;
+}
+
+bool FileMapping::same_size_on_disk(const std::string& path) const noexcept {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) == size_;
 }
 
 FileMapping::~FileMapping() { ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_)); }

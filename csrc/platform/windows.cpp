@@ -84,6 +84,12 @@ FileMapping::FileMapping(const std::string& path) {
 
 FileMapping::~FileMapping() { UnmapViewOfFile(data_); }
 
+// Windows refuses to shrink a file while a view of it is mapped: nothing to guard.
+MappedReadScope::MappedReadScope(const FileMapping& mapping) noexcept
+    : range_{mapping.data_, mapping.size_, &mapping.changed_}, outer_(nullptr) {}
+MappedReadScope::~MappedReadScope() = default;
+bool FileMapping::same_size_on_disk(const std::string&) const noexcept { return true; }
+
 size_t physical_memory_bytes() noexcept {
   MEMORYSTATUSEX status{};
   status.dwLength = sizeof(status);

@@ -335,11 +335,15 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scra
       dest[f] = transforms_ && transforms_->transforms(f) ? scratch.decoded[f].data() : out[f];
     }
     t0 = std::chrono::steady_clock::now();
+    const ShardFile& file = shards_->shard(shard);
     try {
+      const MappedReadScope reading(file.mapping());
       decoder.decode(data, size, dest.data(), key, fingerprints_[shard]);
     } catch (const DecodeError& err) {
-      throw CorruptRecordError(shards_->shard(shard).path(), key, err.what());
+      file.check_unchanged_after_error();  // damage read from a shard that changed: say so
+      throw CorruptRecordError(file.path(), key, err.what());
     }
+    file.check_unchanged();
     decode_ns += elapsed_ns(t0);
     if (transforms_) {
       t0 = std::chrono::steady_clock::now();

@@ -19,7 +19,16 @@ constexpr size_t kPrefetchBytes = 512;
 
 ShardFile::ShardFile(std::string path, uint64_t expected_records)
     : path_(std::move(path)), mapping_(std::make_unique<FileMapping>(path_)) {
-  layout_ = validate_lmdb(mapping_->data(), mapping_->size(), expected_records, path_);
+  {
+    const MappedReadScope reading(*mapping_);
+    try {
+      layout_ = validate_lmdb(mapping_->data(), mapping_->size(), expected_records, path_);
+    } catch (const CorruptShardError&) {
+      mapping_->check_unchanged_after_error(path_);  // a walk over a changed file fails: say why
+      throw;
+    }
+  }
+  mapping_->check_unchanged(path_);
   spans_ = std::move(layout_.records);
   layout_.records.clear();
   map_ = mapping_->data();
@@ -34,7 +43,17 @@ void ShardFile::throw_missing(uint64_t key) const {
 
 ShardLayout validate_shard_file(const std::string& path, uint64_t expected_records) {
   const FileMapping mapping(path);
-  ShardLayout layout = validate_lmdb(mapping.data(), mapping.size(), expected_records, path);
+  ShardLayout layout;
+  {
+    const MappedReadScope reading(mapping);
+    try {
+      layout = validate_lmdb(mapping.data(), mapping.size(), expected_records, path);
+    } catch (const CorruptShardError&) {
+      mapping.check_unchanged_after_error(path);  // a walk over a changed file fails: say why
+      throw;
+    }
+  }
+  mapping.check_unchanged(path);
   layout.records.clear();
   layout.records.shrink_to_fit();
   return layout;

@@ -6,8 +6,12 @@
 // learns where every record's value lies in the file, so a read is an index
 // into the mapping: no B-tree descent, no read transaction, and no LMDB code
 // running on untrusted pages. Shards are immutable, so there is nothing else
-// LMDB would add for a reader. A file modified while mapped is outside this
-// guarantee (as for any memory-mapped reader).
+// LMDB would add for a reader. A file that shrinks while mapped is caught:
+// every read of the mapping (the validation walk, each record's decode) runs
+// inside a MappedReadScope and is followed by check_unchanged(), which throws
+// CorruptShardError "changed while being read" (platform/file_mapping.h). A
+// file rewritten in place at the same size is caught record by record by the
+// v3 binding fingerprint and the checksums (record_decoder.h).
 //
 // Before mapping, the file must be a regular file (opened without blocking,
 // so a FIFO never waits) and not empty (platform/file_mapping.h).
@@ -40,9 +44,16 @@ class ShardFile {
   const std::string& path() const noexcept { return path_; }
   uint64_t records() const noexcept { return spans_.size(); }
   const ShardLayout& layout() const noexcept { return layout_; }
+  const FileMapping& mapping() const noexcept { return *mapping_; }
+
+  // Throws CorruptShardError when the file shrank under a read of it (see above).
+  void check_unchanged() const { mapping_->check_unchanged(path_); }
+  // After a decode error: also a file no longer of the mapped size counts as changed.
+  void check_unchanged_after_error() const { mapping_->check_unchanged_after_error(path_); }
 
   // The bytes of record `key` (the index within the shard), valid while the
-  // ShardFile lives. Throws CorruptRecordError when the key is out of range.
+  // ShardFile lives: read them inside a MappedReadScope of mapping() and call
+  // check_unchanged() after. Throws CorruptRecordError when the key is out of range.
   std::pair<const uint8_t*, size_t> record(uint64_t key) const {
     if (key >= spans_.size()) throw_missing(key);
     const RecordSpan& s = spans_[key];

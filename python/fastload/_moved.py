@@ -43,7 +43,6 @@ MOVED = {
     "_info": "tools._info",
     "_label_csv": "conversion._label_csv",
     "_lmdb_check": "format._lmdb_check",
-    "_lmdb_envs": "format._lmdb_envs",
     "_loader": "loading._loader",
     "_manifest": "format._manifest",
     "_manifest_check": "format._manifest_check",

@@ -60,6 +60,17 @@ class ShardSet:
     @property
     def total_records(self) -> int: ...
 
+class ShardRecords:
+    """One shard's records, validated, mapped and decoded natively (the Python readers)."""
+
+    def __init__(self, path: str, count: int, fields: Sequence[FieldTuple], verify: bool = True,
+                 version: int = ..., fingerprint: int = 0, max_sample_bytes: int = ...) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def path(self) -> str: ...
+    def decode_rows(self, keys: ArrayLike, rows: ArrayLike, out: Sequence[ArrayLike | None]) -> None:
+        """Decode record ``keys[i]`` into row ``rows[i]`` of each field's buffer (None skips a field)."""
+
 class SlotLease:
     """Keeps a batch buffer out of the pool while arrays view it."""
 

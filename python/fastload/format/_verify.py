@@ -14,17 +14,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import lmdb
+import numpy as np
 import xxhash
 from tqdm import tqdm
 
-from ..errors import CorruptShardError, DatasetError, FastloadError, ShardNotFoundError
-from . import _lmdb_envs
+from .. import _native
+from ..errors import CorruptRecordError, CorruptShardError, DatasetError, FastloadError, ShardNotFoundError
 from ._manifest import HASH_ALGORITHM, ShardInfo, load_manifest
-from ._record import RECORD_VERSION, Field, RecordDecodeError, decode_record, schema_fingerprint
-from ._shard_files import check_shard_file, record_key
+from ._record import RECORD_VERSION, Field, max_sample_bytes, schema_fingerprint
+from ._shard_files import check_shard_file
 
 _CHUNK = 1 << 22
+_DECODE_BYTES = 1 << 24  # decoded bytes per native call when checking records
 
 
 @dataclass
@@ -66,7 +67,7 @@ def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
     """Return one line per problem of one shard: size, content hash, then every record's checksum.
 
     The file is checked as ``ShardDataset`` checks it (a regular file inside ``directory`` unless
-    ``allow_external_shards``) and its LMDB structure is validated before py-lmdb reads it.
+    ``allow_external_shards``) and its records are decoded by the native readers' decoders.
     ``version`` is the dataset's format version (v2 records are checked against their key and schema);
     ``fingerprint`` what this shard's records carry (``Manifest.record_fingerprints``: v3, the binding
     to the dataset and the shard's position; None: the schema's fingerprint, as in v2).
@@ -92,25 +93,36 @@ def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
     except OSError as err:
         return [*problems, f"{path}: unreadable: {err}"]
     try:
-        env = _lmdb_envs.acquire(path, shard.count)
+        records = _native.ShardRecords(str(path), shard.count, [f.native_spec for f in fields], True, version,
+                                       fingerprint, max_sample_bytes())
     except FastloadError as err:
         return [*problems, str(err)]
-    key = 0
-    try:
-        with env.begin(buffers=True) as txn:
-            for key in range(shard.count):
-                raw = txn.get(record_key(key))
-                if raw is None:
-                    problems.append(f"{path} record {key}: key not found in the shard")
-                    continue
-                try:
-                    decode_record(raw, fields, verify=True, key=key, version=version, fingerprint=fingerprint)
-                except RecordDecodeError as err:
-                    problems.append(f"{path} record {key}: {err}")
-    except lmdb.Error as err:  # the B-tree itself is damaged: the rest of this shard cannot be trusted
-        problems.append(f"{path} record {key}: LMDB: {type(err).__name__}: {err} (stopped reading this shard)")
-    finally:
-        _lmdb_envs.release(path)
+    problems.extend(check_records(records, fields))
+    return problems
+
+
+def check_records(records: _native.ShardRecords, fields: list[Field]) -> list[str]:
+    """Decode every record of one shard with the readers' native decoders; return one line per bad record.
+
+    Records are decoded (and their checksums verified) in runs into scratch rows; a bad record is
+    reported and the run goes on after it. A shard that changes while it is checked stops the check.
+    """
+    sample = max(1, sum(f.nbytes for f in fields))
+    rows = max(1, min(256, _DECODE_BYTES // sample))
+    out = [np.empty(rows * f.nbytes, np.uint8) for f in fields]
+    problems = []
+    key, count = 0, len(records)
+    while key < count:
+        keys = np.arange(key, min(key + rows, count), dtype=np.uint64)
+        try:
+            records.decode_rows(keys, np.arange(len(keys), dtype=np.uint64), out)
+            key += len(keys)
+        except CorruptRecordError as err:
+            problems.append(f"{records.path} record {err.record}: {err.reason}")
+            key = err.record + 1
+        except CorruptShardError as err:
+            problems.append(f"{err} (stopped reading this shard)")
+            break
     return problems
 
 

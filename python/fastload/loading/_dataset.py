@@ -8,26 +8,18 @@ from __future__ import annotations
 
 import bisect
 import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lmdb
 import numpy as np
 import torch
 
-from ..errors import CorruptRecordError, DatasetError
-from ..format import _lmdb_envs
+from .. import _native
+from ..errors import DatasetError
 from ..format._manifest import Manifest, load_manifest
-from ..format._record import (
-    Field,
-    RecordDecodeError,
-    decode_record,
-    decode_record_into,
-    record_layout,
-)
-from ..format._shard_files import check_shard_files, record_key
+from ..format._record import Field, max_sample_bytes
+from ..format._shard_files import check_shard_files
 from ..format._splits import resolve_dataset_path
 
 
@@ -86,12 +78,16 @@ def locate_in_parts(starts: Sequence[int], index: int) -> tuple[int, int]:
 class ShardDataset(torch.utils.data.Dataset):
     """A map-style dataset over a shard dataset directory: ``ds[i]`` is a dict of field name to tensor.
 
-    Opens LMDB lazily, so it pickles to ``spawn`` workers (which open their own
-    handles) and works in ``fork`` workers (which use the inherited read-only
-    ones). Scalars come back as 0-d tensors, arrays with the schema's dtype and
-    shape. Every shard's LMDB structure is validated before py-lmdb opens it;
-    a shard whose real path leaves the dataset directory (a symbolic link out
-    of it) is refused unless ``allow_external_shards`` is true.
+    Opens each shard lazily through the native core (``_native.ShardRecords``:
+    the LMDB structure validated once, the file mapped, records decoded by the
+    same decoders as the native loader, so both backends accept and refuse the
+    same bytes, and a shard that shrinks while read is a ``CorruptShardError``
+    naming it, never SIGBUS). It pickles to ``spawn`` workers (which open their
+    own handles) and works in ``fork`` workers (which use the inherited
+    read-only mappings). Scalars come back as 0-d tensors, arrays with the
+    schema's dtype and shape. A shard whose real path leaves the dataset
+    directory (a symbolic link out of it) is refused unless
+    ``allow_external_shards`` is true.
     """
 
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None,
@@ -134,28 +130,19 @@ class ShardDataset(torch.utils.data.Dataset):
         env = self._envs.get(shard)
         if env is None:
             info = self.manifest.shards[shard]
-            env = self._envs[shard] = _lmdb_envs.acquire(self.path / info.file, info.count)
+            fields = [f.native_spec for f in self.manifest.fields]
+            env = self._envs[shard] = _native.ShardRecords(
+                str(self.path / info.file), info.count, fields, self.verify_checksums,
+                self.manifest.format_version, self._fingerprints[shard], max_sample_bytes())
         return env
 
     def read_arrays(self, index: int) -> list[np.ndarray]:
         """Return the selected fields of sample ``index`` as numpy arrays, in schema order."""
         shard, key = self.locate(int(index))
-        path = self.path / self.manifest.shards[shard].file
-        env = self._env(shard)
-        try:
-            with env.begin(buffers=True) as txn:
-                raw = txn.get(record_key(key))
-                if raw is None:
-                    raise CorruptRecordError(str(path), key, "key not found in the shard")
-                try:
-                    arrays = decode_record(raw, self.manifest.fields, self.verify_checksums, key=key,
-                                           version=self.manifest.format_version,
-                                           fingerprint=self._fingerprints[shard])
-                except RecordDecodeError as err:
-                    raise CorruptRecordError(str(path), key, str(err)) from None
-        except lmdb.Error as err:  # damage to the shard's B-tree, as LMDB reports it
-            raise CorruptRecordError(str(path), key, f"LMDB: {type(err).__name__}: {err}") from None
-        return [a for a, wanted in zip(arrays, self._wanted) if wanted]
+        out = [np.empty(f.nbytes, dtype=np.uint8) if wanted else None
+               for f, wanted in zip(self.manifest.fields, self._wanted)]
+        self._env(shard).decode_rows(np.array([key], np.uint64), np.zeros(1, np.uint64), out)
+        return [a.view(f.np_dtype).reshape(f.shape) for a, f in zip(out, self.manifest.fields) if a is not None]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         arrays = self.read_arrays(index)
@@ -165,38 +152,22 @@ class ShardDataset(torch.utils.data.Dataset):
         """Return samples ``indices`` as one batch: ``{name: tensor[len(indices), *shape]}``.
 
         Each record is decoded straight into its row of one array per field,
-        with one LMDB read transaction per shard touched: no tensor per sample
-        and no collation. ``shared=True`` allocates the batch in shared memory,
-        so a DataLoader worker sends it to the main process without a copy.
+        one native call per shard touched: no tensor per sample and no
+        collation. ``shared=True`` allocates the batch in shared memory, so a
+        DataLoader worker sends it to the main process without a copy.
         """
         count = len(indices)
         tensors = {f.name: empty_batch(count, f, shared) for f in self.fields}
         rows = [tensors[f.name].view(torch.uint8).reshape(count, f.nbytes).numpy() if wanted else None
                 for f, wanted in zip(self.manifest.fields, self._wanted)]
-        by_shard: dict[int, list[tuple[int, int]]] = {}
+        by_shard: dict[int, tuple[list[int], list[int]]] = {}
         for position, index in enumerate(indices):
             shard, key = self.locate(int(index))
-            by_shard.setdefault(shard, []).append((position, key))
-        schema = self.manifest.fields
-        layout = record_layout(schema)
-        verify, version = self.verify_checksums, self.manifest.format_version
-        for shard, items in by_shard.items():
-            path = self.path / self.manifest.shards[shard].file
-            env, key = self._env(shard), items[0][1]
-            try:
-                with env.begin(buffers=True) as txn:
-                    for position, key in items:
-                        raw = txn.get(record_key(key))
-                        try:
-                            if raw is None:
-                                raise RecordDecodeError("key not found in the shard")
-                            decode_record_into(raw, schema, [r[position] if r is not None else None for r in rows],
-                                               verify, layout, key=key, version=version,
-                                               fingerprint=self._fingerprints[shard])
-                        except RecordDecodeError as err:
-                            raise CorruptRecordError(str(path), key, str(err)) from None
-            except lmdb.Error as err:  # damage to the shard's B-tree, as LMDB reports it
-                raise CorruptRecordError(str(path), key, f"LMDB: {type(err).__name__}: {err}") from None
+            keys, positions = by_shard.setdefault(shard, ([], []))
+            keys.append(key)
+            positions.append(position)
+        for shard, (keys, positions) in by_shard.items():
+            self._env(shard).decode_rows(np.array(keys, np.uint64), np.array(positions, np.uint64), rows)
         return tensors
 
     def subset(self, indices: Any) -> Any:
@@ -221,19 +192,8 @@ class ShardDataset(torch.utils.data.Dataset):
             self._fingerprints = self.manifest.record_fingerprints()
 
     def close(self) -> None:
-        """Close the LMDB handles this process opened."""
-        self._release(wait=True)
-
-    def _release(self, wait: bool) -> None:
-        for shard in self._envs:
-            _lmdb_envs.release(self.path / self.manifest.shards[shard].file, wait)
+        """Unmap the shards this process opened (they open again on the next read)."""
         self._envs = {}
-
-    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:  # bound now: see below
-        # At interpreter exit the modules this needs may already be torn down; the process is ending and
-        # the operating system closes the read-only environments, so there is nothing left to release.
-        if "_envs" in self.__dict__ and not _finalizing():
-            self._release(wait=False)  # a finalizer may run inside _lmdb_envs.acquire on this thread
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in self.fields)
