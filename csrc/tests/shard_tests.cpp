@@ -401,6 +401,48 @@ void test_damaged_copies(const fs::path& dataset, const fs::path& scratch) {
   std::printf("shard_tests: %d truncations refused, %d byte flips caught or harmless\n", truncations, flips);
 }
 
+#ifndef _WIN32
+// A shard cut short while mapped (POSIX lets a mapped file shrink): the BatchReader's next batch over
+// the vanished pages is a CorruptShardError "changed while being read" naming the file, never SIGBUS,
+// and no later read of that shard is delivered, even of pages still there.
+void test_shrunk_while_mapped(const fs::path& dataset, const fs::path& scratch) {
+  const fs::path copy = scratch / "shrinks.lmdb";
+  fs::copy_file(shard_paths(dataset)[0], copy, fs::copy_options::overwrite_existing);
+  const uint64_t full = fs::file_size(copy);
+  auto shards = std::make_shared<const ShardSet>(std::vector<std::string>{utf8(copy)},
+                                                 std::vector<uint64_t>{kPerShard});
+  ReaderOptions options;
+  options.batch_capacity = kPerShard;
+  options.num_threads = 2;
+  options.shard_fingerprints = written_fingerprints(*shards);
+  BatchReader reader(shards, kFields, options);
+  std::vector<std::vector<uint8_t>> memory(2, std::vector<uint8_t>(reader.slot_bytes()));
+  for (auto& m : memory) reader.pool()->add(m.data(), m.size(), nullptr);
+  std::vector<uint64_t> all(kPerShard);
+  for (uint64_t i = 0; i < kPerShard; ++i) all[i] = i;
+  auto read_all = [&](std::string* error) {
+    reader.submit(all);
+    try {
+      auto batch = reader.wait_next(std::chrono::milliseconds(60000));
+      return batch.has_value();
+    } catch (const CorruptShardError& e) {
+      *error = e.what();
+      return false;
+    }
+  };
+  std::string error;
+  CHECK(read_all(&error) && error.empty());
+  fs::resize_file(copy, 4096 * 2);  // the meta pages stay; every record page is gone
+  CHECK(!read_all(&error));
+  CHECK(error.find("changed while being read") != std::string::npos);
+  CHECK(error.find("shrinks.lmdb") != std::string::npos);
+  fs::resize_file(copy, full);  // grown back (zeros): the mapping stays refused
+  error.clear();
+  CHECK(!read_all(&error));
+  CHECK(error.find("changed while being read") != std::string::npos);
+}
+#endif
+
 // Reading leaves the file as it was; a read-only file and a non-ASCII path are fine.
 void test_file_system(const fs::path& dataset, const fs::path& scratch) {
   const fs::path copy = copy_dataset(dataset, scratch / fs::u8path(u8"donn\u00e9es \u6570\u636e \u0394"));
@@ -561,6 +603,9 @@ int main(int argc, char** argv) {
     test_pool_carried_over(dataset);
     test_swapped_shards_refused(dataset);
     test_damaged_copies(dataset, scratch);
+#ifndef _WIN32
+    test_shrunk_while_mapped(dataset, scratch);
+#endif
     test_file_system(dataset, scratch);
     test_codecs(dir);
 #ifdef _WIN32
