@@ -85,17 +85,30 @@ class ShardNotFoundError(DatasetError):
 
 
 class CorruptShardError(DatasetError):
-    """A shard file as a whole is unusable: truncated, not LMDB, wrong record count or hash."""
+    """A shard file as a whole is unusable: truncated, not LMDB, wrong record count or hash, or changed while read.
 
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(message)
-        self.path = path
+    Called with one argument, that is the whole message, rebuilt in another process: torch's DataLoader
+    re-raises a worker's error as its type called with the worker's formatted traceback (which names the
+    shard); ``path`` is then empty.
+    """
+
+    def __init__(self, path: str, message: str | None = None) -> None:
+        super().__init__(path if message is None else message)
+        self.path = "" if message is None else path
 
 
 class CorruptRecordError(FastloadError):
-    """One record failed to decode: bad magic, a length out of bounds, a checksum mismatch..."""
+    """One record failed to decode: bad magic, a length out of bounds, a checksum mismatch...
 
-    def __init__(self, path: str, record: int, reason: str) -> None:
+    Called with one argument, that is the whole message, rebuilt in another process (see
+    CorruptShardError); ``path`` is then empty and ``record`` -1.
+    """
+
+    def __init__(self, path: str, record: int | None = None, reason: str | None = None) -> None:
+        if record is None or reason is None:
+            super().__init__(path)
+            self.path, self.record, self.reason = "", -1, path
+            return
         super().__init__(f"decode: {path} record {record}: {reason}")
         self.path = path
         self.record = record
