@@ -1,4 +1,4 @@
-// Error taxonomy of the core. Mirrors python/fastload/errors.py; bindings.cpp
+// Error taxonomy of the core. Mirrors python/fastload/errors.py; bindings/errors.cpp
 // translates each class to its Python twin in one place.
 //
 // Every message names the operation, the file and the record where there is

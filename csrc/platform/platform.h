@@ -12,7 +12,7 @@
 //     opened with the wide-character API, so non-ASCII names work whatever the
 //     process's code page.
 // The core has no fork handling and no signal checks: the Python side owns
-// both (bindings.cpp checks signals between waits; workers are threads).
+// both (bindings/reader.cpp checks signals between waits; workers are threads).
 #pragma once
 
 #include <cstddef>

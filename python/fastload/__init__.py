@@ -42,10 +42,10 @@ _LAZY = {
     "ShardDataModule": ".loading._datamodule",
     "ShardDataset": ".loading._dataset",
     "ShardLoader": ".loading._loader",
-    "ShardSubset": ".loading._compose",
+    "ShardSubset": ".loading._subset",
     "StateError": ".loading._state",
     "check_determinism": ".loading._helpers",
-    "class_balanced_weights": ".loading._compose",
+    "class_balanced_weights": ".loading._weights",
     "concat": ".loading._compose",
     "create_dataloader": ".loading._helpers",
     "mix": ".loading._compose",
@@ -103,18 +103,13 @@ if TYPE_CHECKING:
     from .conversion._array_writer import write_arrays
     from .conversion._convert import write_dataset
     from .format._record import Field
-    from .loading._compose import (
-        ConcatShardDataset,
-        MixedShardDataset,
-        ShardSubset,
-        class_balanced_weights,
-        concat,
-        mix,
-    )
+    from .loading._compose import ConcatShardDataset, MixedShardDataset, concat, mix
     from .loading._datamodule import ShardDataModule
     from .loading._dataset import ShardDataset
     from .loading._helpers import EpochDataLoader, check_determinism, create_dataloader, seed_everything
     from .loading._loader import ShardLoader
     from .loading._state import StateError
+    from .loading._subset import ShardSubset
+    from .loading._weights import class_balanced_weights
     from .sampling._alias import SAMPLING_VERSION
     from .sampling._order import ORDER_VERSION, EpochOrder

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _extension
 from ..format._codecs import LOSSY_CODECS, default_options, fitting_codecs
 from ..format._record import RECORD_VERSION, Field, RecordEncoder, decode_record, schema_fingerprint
 
@@ -147,10 +148,7 @@ def _measure(field: Field, samples: np.ndarray) -> tuple[Trial, str]:
 
 def _decode_seconds(field: Field, records: list[bytes]) -> tuple[float, str]:
     """Return the best of a few timed single-thread decodes of all records."""
-    try:
-        from .. import _native
-    except ImportError:
-        _native = None  # type: ignore[assignment]
+    _native = _extension.native
     best = float("inf")
     if _native is not None:
         blob = np.frombuffer(b"".join(records), dtype=np.uint8)

@@ -16,9 +16,10 @@ from typing import Any
 import h5py
 import numpy as np
 
+from ..errors import ImageReadError
 from ..format._record import Field, RecordEncoder
-from ._encode import cast_checked
-from ._images import ImageReadError, npy_layout_of
+from ._casts import cast_checked
+from ._layouts import npy_layout_of
 
 CHUNK_BYTES = 16 << 20  # about this much of a stack is read per task
 

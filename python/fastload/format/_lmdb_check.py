@@ -271,11 +271,9 @@ def validate_python(path: str, expected: int) -> dict[str, int]:
 
 
 def _native_module() -> Any:
-    try:
-        from .. import _native
-    except ImportError:
-        return None
-    return _native
+    from .._extension import native
+
+    return native
 
 
 def validate_shard(path: str, expected: int, use_native: bool | None = None) -> dict[str, int]:

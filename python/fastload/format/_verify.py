@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xxhash
 from tqdm import tqdm
 
-from .. import _native
+from .._extension import require as native_core
 from ..errors import CorruptRecordError, CorruptShardError, DatasetError, FastloadError, ShardNotFoundError
 from ._manifest import HASH_ALGORITHM, ShardInfo, load_manifest
 from ._record import RECORD_VERSION, Field, max_sample_bytes, schema_fingerprint
@@ -93,7 +94,7 @@ def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
     except OSError as err:
         return [*problems, f"{path}: unreadable: {err}"]
     try:
-        records = _native.ShardRecords(str(path), shard.count, [f.native_spec for f in fields], True, version,
+        records = native_core().ShardRecords(str(path), shard.count, [f.native_spec for f in fields], True, version,
                                        fingerprint, max_sample_bytes())
     except FastloadError as err:
         return [*problems, str(err)]
@@ -101,7 +102,7 @@ def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
     return problems
 
 
-def check_records(records: _native.ShardRecords, fields: list[Field]) -> list[str]:
+def check_records(records: Any, fields: list[Field]) -> list[str]:
     """Decode every record of one shard with the readers' native decoders; return one line per bad record.
 
     Records are decoded (and their checksums verified) in runs into scratch rows; a bad record is

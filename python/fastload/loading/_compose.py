@@ -1,4 +1,4 @@
-"""Subsets, concatenations and mixtures of shard datasets, and class-balanced weights.
+"""Concatenations and mixtures of shard datasets (subsets: ``_subset.py``; class weights: ``_weights.py``).
 
 These are map-style datasets (usable with a plain ``DataLoader``) that a
 :class:`~fastload.ShardLoader` also understands: it reads a subset through
@@ -17,39 +17,16 @@ import numpy as np
 import torch
 import xxhash
 
-from ..errors import ArgumentError, ArgumentIndexError, ArgumentTypeError, SchemaMismatchError
+from ..errors import ArgumentError, SchemaMismatchError
 from ..sampling._alias import real_weights
 from ..sampling._sampling import MAX_EPOCH_POSITIONS, STOP_MODES, MixSampling, Stop
 from ._dataset import ShardDataset, empty_batch, locate_in_parts
+from ._subset import ShardSubset, check_indices
+
+__all__ = ["SOURCE_FIELD", "ConcatShardDataset", "MixedShardDataset", "ShardSubset", "check_indices", "concat", "mix"]
 
 SOURCE_FIELD = "source"
 DatasetLike = Union[str, os.PathLike, ShardDataset]
-
-
-def check_indices(indices: Any, n: int, what: str = "indices") -> np.ndarray:
-    """Return ``indices`` as a uint64 array after checking they are integers in ``[0, n)``; quote a bad one."""
-    if isinstance(indices, torch.Tensor):
-        indices = indices.detach().cpu().numpy()
-    if isinstance(indices, (str, bytes)) or not hasattr(indices, "__len__"):
-        raise ArgumentTypeError(f"{what} must be a sequence or array of sample indices, "
-                                f"not {type(indices).__name__}")
-    try:
-        arr = np.asarray(indices)
-    except (ValueError, TypeError, OverflowError) as err:
-        raise ArgumentTypeError(f"{what} must be integers: {err}") from None
-    if arr.ndim != 1:
-        raise ArgumentError(f"{what} must be one-dimensional, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
-        bad = next((x for x in arr.tolist() if isinstance(x, bool) or not isinstance(x, int)), arr.flat[0])
-        raise ArgumentTypeError(f"{what} must be integers; got {bad!r} ({arr.dtype})")
-    if not arr.size:
-        return np.zeros(0, np.uint64)
-    # Compared in the array's own dtype, so a huge uint64 is quoted as itself, not wrapped to a negative.
-    out_of_range = np.flatnonzero((arr < 0) | (arr >= n)) if arr.dtype.kind == "i" else np.flatnonzero(arr >= n)
-    if out_of_range.size:
-        i = int(out_of_range[0])
-        raise ArgumentIndexError(f"{what}[{i}] = {int(arr[i])} is out of range for {n} samples")
-    return arr.astype(np.uint64)
 
 
 def _open(item: DatasetLike, fields: Sequence[str] | None) -> ShardDataset:
@@ -59,27 +36,6 @@ def _open(item: DatasetLike, fields: Sequence[str] | None) -> ShardDataset:
     if isinstance(item, (str, os.PathLike)):
         return ShardDataset(item, fields)
     raise TypeError(f"expected a dataset directory or a ShardDataset, not {type(item).__name__}")
-
-
-class ShardSubset(torch.utils.data.Dataset):
-    """The samples ``indices`` of a dataset, in that order: ``subset[i]`` is ``dataset[indices[i]]``."""
-
-    def __init__(self, dataset: ShardDataset | ConcatShardDataset, indices: Any) -> None:
-        self.dataset = dataset
-        self.indices = check_indices(indices, len(dataset))
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return self.dataset[int(self.indices[i])]
-
-    def subset(self, indices: Any) -> ShardSubset:
-        """Return the subset of this subset's positions ``indices``."""
-        return ShardSubset(self.dataset, self.indices[check_indices(indices, len(self)).astype(np.int64)])
-
-    def __repr__(self) -> str:
-        return f"ShardSubset({self.dataset!r}, {len(self)} indices)"
 
 
 def _schema_key(ds: ShardDataset) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -255,37 +211,3 @@ def mix(datasets: Sequence[DatasetLike], weights: Sequence[float], stop: Stop = 
     if empty:
         raise ValueError(f"mix: dataset {empty[0]} ({opened[empty[0]].path}) has no samples")
     return MixedShardDataset(opened, weights, stop, with_source)
-
-
-def class_balanced_weights(dataset: ShardDataset | ConcatShardDataset | ShardSubset, field: str = "label"
-                           ) -> np.ndarray:
-    """Return per-sample weights ``1 / count(class)`` so that every class is drawn equally often.
-
-    ``field`` is a scalar integer field (read once through the dataset). Use
-    with ``ShardLoader(..., sample_weights=w)``; for a subset, pass the subset.
-    """
-    names = [f.name for f in dataset.fields] if not isinstance(dataset, ShardSubset) else [
-        f.name for f in dataset.dataset.fields]
-    if field not in names:
-        raise ValueError(f"class_balanced_weights: no field {field!r}; the dataset has {names}")
-    labels = read_field(dataset, field)
-    if labels.ndim != 1 or labels.dtype.kind not in "iub":
-        raise ValueError(f"class_balanced_weights: field {field!r} must be a scalar integer, "
-                         f"not {labels.dtype}{list(labels.shape[1:])}")
-    _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    return 1.0 / counts[inverse].astype(np.float64)
-
-
-def read_field(dataset: ShardDataset | ConcatShardDataset | ShardSubset, field: str) -> np.ndarray:
-    """Return one field of every sample, stacked (read in storage order with a one-field loader)."""
-    from ._loader import ShardLoader
-
-    base = dataset.dataset if isinstance(dataset, ShardSubset) else dataset
-    source: Any = base.with_fields([field]) if isinstance(base, ConcatShardDataset) else base
-    if isinstance(base, MixedShardDataset):
-        source = ConcatShardDataset(source.datasets)
-    loader = ShardLoader(source, batch_size=4096, fields=None if isinstance(base, ConcatShardDataset) else [field],
-                         backend="torch", num_workers=0)
-    parts = [b[field].numpy() for b in loader]
-    values = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    return values[dataset.indices.astype(np.int64)] if isinstance(dataset, ShardSubset) else values

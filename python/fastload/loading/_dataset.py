@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _native
+from .._extension import require as native_core
 from ..errors import DatasetError
 from ..format._manifest import Manifest, load_manifest
 from ..format._record import Field, max_sample_bytes
 from ..format._shard_files import check_shard_files
 from ..format._splits import resolve_dataset_path
+from ._subset import ShardSubset
 
 
 def empty_batch(count: int, field: Field, shared: bool) -> torch.Tensor:
@@ -131,7 +132,7 @@ class ShardDataset(torch.utils.data.Dataset):
         if env is None:
             info = self.manifest.shards[shard]
             fields = [f.native_spec for f in self.manifest.fields]
-            env = self._envs[shard] = _native.ShardRecords(
+            env = self._envs[shard] = native_core().ShardRecords(
                 str(self.path / info.file), info.count, fields, self.verify_checksums,
                 self.manifest.format_version, self._fingerprints[shard], max_sample_bytes())
         return env
@@ -171,13 +172,11 @@ class ShardDataset(torch.utils.data.Dataset):
         return tensors
 
     def subset(self, indices: Any) -> Any:
-        """Return a :class:`~fastload._compose.ShardSubset`: the samples ``indices`` (integers in range), in that order.
+        """Return a :class:`~fastload.ShardSubset`: the samples ``indices`` (integers in range), in that order.
 
         A ``ShardLoader`` over the subset reads it through this dataset with
         ``indices=`` (shuffled among themselves with ``shuffle=True``).
         """
-        from ._compose import ShardSubset
-
         return ShardSubset(self, indices)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -19,17 +19,13 @@ from typing import Any
 
 import torch
 
+from .. import _extension
 from ..errors import FastloadError
 from ._plan import EpochPlan
 
-try:  # the exit gate (csrc/bindings/exit_gate.h); the torch backend also runs without the extension
-    from .._native import begin_step, end_step
-except ImportError:
-    def begin_step() -> None:
-        """Without the extension: nothing to guard."""
-
-    def end_step() -> None:
-        """Without the extension: nothing to guard."""
+# The exit gate (csrc/bindings/exit_gate.h), when the extension imported.
+begin_step: Callable[[], None] = _extension.native.begin_step if _extension.native is not None else (lambda: None)
+end_step: Callable[[], None] = _extension.native.end_step if _extension.native is not None else (lambda: None)
 
 Batch = dict[str, torch.Tensor]
 _STAGES = ("read_s", "decompress_s", "copy_s")

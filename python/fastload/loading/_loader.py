@@ -12,6 +12,7 @@ from typing import Any, Literal, Union
 import numpy as np
 import torch
 
+from .._extension import require as native_core
 from ..errors import ArgumentError
 from ..format._splits import resolve_dataset_path
 from ..sampling._order import EpochOrder
@@ -530,10 +531,9 @@ class ShardLoader:
 def native_position_map(order: EpochOrder | ArrayOrder) -> Callable[[np.ndarray], np.ndarray]:
     """Return the map from epoch positions to sample indices that the native backend reads with."""
     if isinstance(order, EpochOrder) and order.shuffle:
-        from .. import _native
-
+        native = native_core()
         seed, epoch, n = order.seed, order.epoch, order.n
-        return lambda positions: _native.permutation_at(seed, epoch, n, positions)
+        return lambda positions: native.permutation_at(seed, epoch, n, positions)
     if isinstance(order, EpochOrder):
         return lambda positions: positions
     indices = order.indices()

@@ -22,20 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _extension
 from ..errors import FastloadError
 from ..format._record import max_sample_bytes, schema_fingerprint
 from ._augment import Augment
 from ._dataset import ShardDataset
 from ._pinned import FieldViews, HostAllocator, allocate_pinned, split_layout
 
-_native: Any
-try:
-    from .. import _native
-except ImportError as _err:  # the torch backend still works
-    _native = None
-    NATIVE_IMPORT_ERROR: ImportError | None = _err
-else:
-    NATIVE_IMPORT_ERROR = None
+_native: Any = _extension.native
+NATIVE_IMPORT_ERROR: ImportError | None = _extension.IMPORT_ERROR
 
 
 FIRST_WINDOW = 2  # batches submitted before the first one is delivered

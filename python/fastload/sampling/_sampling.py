@@ -56,9 +56,9 @@ def permutation_at(seed: int, epoch: int, n: int, positions: np.ndarray | None =
     same vectors, faster), else the numpy one.
     """
     seed = int(seed) & (2**64 - 1)
-    try:
-        from .. import _native
-    except ImportError:
+    from .._extension import native as _native
+
+    if _native is None:
         order = EpochOrder(seed, epoch, n)
         return order.positions(0, n) if positions is None else order.at(positions)
     if positions is None:

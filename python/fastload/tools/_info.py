@@ -56,12 +56,12 @@ def describe_installation() -> str:
     import numpy
     import torch
 
-    try:
-        from .. import _native  # noqa: F401
+    from .._extension import IMPORT_ERROR
 
+    if IMPORT_ERROR is None:
         native = f"built (codecs: {', '.join(CODECS)}; checksum XXH3-64)"
-    except ImportError as err:
-        native = f"not available ({err})"
+    else:
+        native = f"not available ({IMPORT_ERROR})"
     cpus = os.cpu_count() or 1
     cuda = torch.cuda.is_available()
     lines = [f"platform: {platform.platform()} ({platform.machine()}), python {platform.python_version()}",

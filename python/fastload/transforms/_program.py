@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FastloadWarning
+from ._floats import float32_to
 from ._ops import (
     FillTransform,
     Normalize,
@@ -19,7 +20,6 @@ from ._ops import (
     Transform,
     TransformError,
 )
-from ._reference import float32_to
 from ._rng import op_keys
 from ._spec import (
     CONVERT,

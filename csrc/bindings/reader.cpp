@@ -1,0 +1,313 @@
+// The batch worker pool for Python: BatchReader (one consumer; next() waits in
+// slices so Ctrl-C interrupts it; fork and interpreter exit as module.cpp says),
+// SlotPool, SlotLease, and the test seams.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "checked_math.h"
+#include "errors.h"
+#include "reader/batch_reader.h"
+#include "reader/shard_reader.h"
+
+namespace fastload::bindings {
+namespace {
+
+constexpr int kSignalPollMs = 50;
+
+// Holds a Python object from C++; safe to destroy on any thread. Once the
+// interpreter is exiting, a thread other than the finalizing one leaks the
+// object rather than take the GIL.
+struct GilObject {
+  py::object obj;
+  explicit GilObject(py::object o) : obj(std::move(o)) {}
+  ~GilObject() {
+    const exit_gate::GilForThisThread gil;
+    if (!gil.held()) {
+      static_cast<void>(obj.release());
+      return;
+    }
+    py::object drop = std::move(obj);
+  }
+};
+
+// The numpy base of a delivered batch: the slot returns to the pool when the
+// last array (and so the last tensor) viewing it is gone.
+struct SlotLease {
+  std::shared_ptr<Slot> slot;
+};
+
+// Marks the single consumer of a reader as busy for one call.
+class ConsumerGuard {
+ public:
+  explicit ConsumerGuard(std::atomic<bool>& busy, const char* what) : busy_(busy) {
+    if (busy_.exchange(true)) {
+      throw FastloadError(std::string("BatchReader.") + what +
+                          ": another thread is using this reader; a loader iterator belongs to one thread at a time");
+    }
+  }
+  ~ConsumerGuard() { busy_.store(false); }
+  ConsumerGuard(const ConsumerGuard&) = delete;
+  ConsumerGuard& operator=(const ConsumerGuard&) = delete;
+
+ private:
+  std::atomic<bool>& busy_;
+};
+
+// A BatchReader plus the Python-side description of its fields.
+class PyBatchReader {
+ public:
+  PyBatchReader(std::shared_ptr<const ShardSet> shards, const std::vector<FieldTuple>& fields,
+                std::vector<py::dtype> dtypes, std::vector<std::vector<py::ssize_t>> shapes, std::vector<bool> decode,
+                size_t batch_capacity, size_t num_threads, bool verify,
+                const std::vector<StepTuple>& steps, size_t num_params, uint64_t max_sample_bytes,
+                uint16_t record_version, uint64_t schema_fingerprint, std::vector<uint64_t> shard_fingerprints,
+                std::shared_ptr<SlotPool> pool)
+      : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)), num_params_(num_params) {
+    if (dtypes_.size() != fields.size() || shapes_.size() != fields.size() || decode.size() != fields.size()) {
+      throw py::value_error("fields, dtypes, shapes and decode differ in length");
+    }
+    if (batch_capacity == 0) throw py::value_error("batch_capacity must be positive");
+    if (num_threads == 0) throw py::value_error("num_threads must be positive");
+    auto specs = to_specs(fields);
+    ReaderOptions options{batch_capacity, num_threads, verify, std::move(decode),
+                          to_pipeline(steps, specs, num_params)};
+    options.max_sample_bytes = max_sample_bytes;
+    options.record_version = record_version;
+    options.schema_fingerprint = schema_fingerprint;
+    options.shard_fingerprints = std::move(shard_fingerprints);
+    options.pool = std::move(pool);
+    {
+      const GilRelease release;
+      reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), std::move(options));
+    }
+    for (size_t f = 0; f < dtypes_.size(); ++f) {  // the arrays next() builds must lie inside their field's area
+      uint64_t bytes = static_cast<uint64_t>(dtypes_[f].itemsize());
+      for (py::ssize_t d : shapes_[f]) {
+        if (d < 0 || !checked_mul(bytes, static_cast<uint64_t>(d), &bytes)) bytes = UINT64_MAX;
+      }
+      if (bytes != reader_->sample_bytes(f)) {
+        const size_t expected = reader_->sample_bytes(f);
+        reader_.reset();
+        throw py::value_error("BatchReader: field " + std::to_string(f) + "'s shape and dtype make " +
+                              std::to_string(bytes) + " bytes, its decoded size is " + std::to_string(expected));
+      }
+    }
+  }
+
+  ~PyBatchReader() {
+    if (forked()) {
+      abandon();
+      return;
+    }
+    const GilRelease release;
+    reader_.reset();
+  }
+
+  bool forked() const noexcept { return ::getpid() != owner_pid_; }
+
+  BatchReader& reader() {
+    if (forked()) {
+      throw FastloadError("this reader was created in process " + std::to_string(owner_pid_) +
+                          " and inherited through os.fork(); its threads do not exist here: build a new loader "
+                          "in the child");
+    }
+    if (!reader_) throw FastloadError("the reader is closed");
+    return *reader_;
+  }
+
+  void add_slot(const py::buffer& buffer, bool reusable) {
+    py::buffer_info info = buffer.request(true);
+    const auto bytes = static_cast<size_t>(info.size * info.itemsize);
+    if (info.ndim != 1 || info.strides[0] != info.itemsize) {
+      throw py::value_error("add_slot: the buffer must be one-dimensional and contiguous");
+    }
+    reader().pool()->add(static_cast<uint8_t*>(info.ptr), bytes, std::make_shared<GilObject>(buffer), reusable);
+  }
+
+  // One buffer per field (None for a field not decoded), kept alive together.
+  void add_split_slot(const py::list& buffers, bool reusable) {
+    std::vector<std::pair<uint8_t*, size_t>> spans;
+    for (const py::handle item : buffers) {
+      if (item.is_none()) {
+        spans.emplace_back(nullptr, 0);
+        continue;
+      }
+      py::buffer_info info = py::reinterpret_borrow<py::buffer>(item).request(true);
+      if (info.ndim != 1 || info.strides[0] != info.itemsize) {
+        throw py::value_error("add_split_slot: every buffer must be one-dimensional and contiguous");
+      }
+      spans.emplace_back(static_cast<uint8_t*>(info.ptr), static_cast<size_t>(info.size * info.itemsize));
+    }
+    reader().add_split_slot(spans, std::make_shared<GilObject>(buffers), reusable);
+  }
+
+  // params: [len(indices), num_params] int64, or None without transform parameters.
+  void submit(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices,
+              const std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& params) {
+    std::vector<uint64_t> copy(indices.data(), indices.data() + indices.size());
+    std::vector<int64_t> values;
+    if (params) {
+      if (params->ndim() != 2 || static_cast<size_t>(params->shape(1)) != num_params_ ||
+          params->shape(0) != indices.size()) {
+        throw py::value_error("submit: params must have shape [" + std::to_string(indices.size()) + ", " +
+                              std::to_string(num_params_) + "]");
+      }
+      values.assign(params->data(), params->data() + params->size());
+    }
+    BatchReader& r = reader();
+    const ConsumerGuard guard(busy_, "submit");
+    const GilRelease release;
+    r.submit(std::move(copy), std::move(values));
+  }
+
+  CompletedBatch wait() {
+    BatchReader& r = reader();
+    const ConsumerGuard guard(busy_, "next");
+    std::optional<CompletedBatch> batch;
+    while (!batch) {
+      std::exception_ptr error;
+      PyThreadState* state = PyEval_SaveThread();
+      try {
+        batch = r.wait_next(std::chrono::milliseconds(kSignalPollMs));
+      } catch (...) {
+        error = std::current_exception();
+      }
+      exit_gate::restore_or_park(state);
+      if (error) std::rethrow_exception(error);
+      if (!batch && PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+    return std::move(*batch);
+  }
+
+  // The oldest batch's sample count, its slot released: for callers that view
+  // the (single-use) slot memory they added themselves.
+  size_t next_count() { return wait().count; }
+
+  size_t field_count() const { return dtypes_.size(); }
+
+  std::vector<size_t> field_offsets() {
+    BatchReader& r = reader();
+    std::vector<size_t> offsets;
+    for (size_t f = 0; f < dtypes_.size(); ++f) {
+      if (r.decodes_field(f)) offsets.push_back(r.field_offset(f));
+    }
+    return offsets;
+  }
+
+  py::list next() {
+    BatchReader& r = reader();
+    const CompletedBatch batch = wait();
+    py::object base = py::cast(SlotLease{batch.slot});
+    py::list arrays;
+    for (size_t f = 0; f < dtypes_.size(); ++f) {
+      if (!r.decodes_field(f)) continue;
+      std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(batch.count)};
+      shape.insert(shape.end(), shapes_[f].begin(), shapes_[f].end());
+      uint8_t* data = batch.slot->field_data.empty() ? batch.slot->data + r.field_offset(f) : batch.slot->field_data[f];
+      arrays.append(py::array(dtypes_[f], shape, {}, data, base));
+    }
+    return arrays;
+  }
+
+  void close() {
+    if (!reader_) return;
+    if (forked()) {
+      abandon();
+      return;
+    }
+    const GilRelease release;
+    reader_->close();
+  }
+
+ private:
+  // In a forked child: the worker threads are the parent's and may have held
+  // the reader's mutexes at the fork, so neither lock nor join; leak instead.
+  void abandon() noexcept { static_cast<void>(reader_.release()); }
+
+  std::vector<py::dtype> dtypes_;
+  std::vector<std::vector<py::ssize_t>> shapes_;
+  size_t num_params_ = 0;
+  std::unique_ptr<BatchReader> reader_;
+  pid_t owner_pid_ = ::getpid();
+  std::atomic<bool> busy_{false};
+};
+
+py::dict stats_dict(const ReaderStats& s) {
+  py::dict d;
+  d["batches"] = s.batches;
+  d["samples"] = s.samples;
+  d["bytes_read"] = s.bytes_read;
+  d["bytes_decoded"] = s.bytes_decoded;
+  d["read_s"] = static_cast<double>(s.read_ns) * 1e-9;
+  d["decompress_s"] = static_cast<double>(s.decompress_ns) * 1e-9;
+  d["copy_s"] = static_cast<double>(s.decode_ns - std::min(s.decode_ns, s.decompress_ns)) * 1e-9;
+  d["wait_s"] = static_cast<double>(s.wait_ns) * 1e-9;
+  d["transform_s"] = static_cast<double>(s.transform_ns) * 1e-9;
+  return d;
+}
+
+}  // namespace
+
+void register_reader(py::module_& m) {
+  py::class_<SlotLease>(m, "SlotLease", "Keeps a batch buffer out of the pool while arrays view it.");
+
+  py::class_<SlotPool, std::shared_ptr<SlotPool>>(
+      m, "SlotPool", "A reader's batch buffers; hand it to the next reader over the same fields to reuse them.")
+      .def_property_readonly("slot_bytes", &SlotPool::slot_bytes)
+      .def_property_readonly("free_slots", &SlotPool::free_count)
+      .def_property_readonly("total_slots", &SlotPool::total_count)
+      .def("keep_at_most", &SlotPool::keep_at_most, py::arg("count"),
+           "Free extra free buffers now, and from now on keep no more than count free ones.");
+
+  py::class_<PyBatchReader>(m, "BatchReader", "Worker threads decoding batches into pooled buffers.")
+      .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,
+                    std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool,
+                    const std::vector<StepTuple>&, size_t, uint64_t, uint16_t, uint64_t,
+                    std::vector<uint64_t>, std::shared_ptr<SlotPool>>(),
+           py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("decode"),
+           py::arg("batch_capacity"), py::arg("num_threads"), py::arg("verify") = true,
+           py::arg("transforms") = std::vector<StepTuple>{},
+           py::arg("num_params") = 0, py::arg("max_sample_bytes") = kDefaultMaxSampleBytes,
+           py::arg("record_version") = kRecordVersion, py::arg("schema_fingerprint") = 0,
+           py::arg("shard_fingerprints") = std::vector<uint64_t>{}, py::arg("pool") = std::shared_ptr<SlotPool>())
+      .def_property_readonly("slot_bytes", [](PyBatchReader& r) { return r.reader().slot_bytes(); })
+      .def_property_readonly("num_threads", [](PyBatchReader& r) { return r.reader().num_threads(); })
+      .def_property_readonly("pool", [](PyBatchReader& r) { return r.reader().pool(); })
+      .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })
+      .def_property_readonly("total_slots", [](PyBatchReader& r) { return r.reader().pool()->total_count(); })
+      .def_property_readonly("pending", [](PyBatchReader& r) { return r.reader().pending(); })
+      .def_property_readonly("ready", [](PyBatchReader& r) { return r.reader().ready(); })
+      .def_property_readonly("closed", [](PyBatchReader& r) { return r.reader().closed(); })
+      .def_property_readonly("field_offsets", &PyBatchReader::field_offsets)
+      .def("add_slot", &PyBatchReader::add_slot, py::arg("buffer"), py::arg("reusable") = true)
+      .def("add_split_slot", &PyBatchReader::add_split_slot, py::arg("buffers"), py::arg("reusable") = true)
+      .def_property_readonly("field_bytes", [](PyBatchReader& r) {
+        std::vector<size_t> out;
+        for (size_t f = 0; f < r.field_count(); ++f) out.push_back(r.reader().field_bytes(f));
+        return out;
+      })
+      .def("submit", &PyBatchReader::submit, py::arg("indices"), py::arg("params") = py::none())
+      .def("next", &PyBatchReader::next)
+      .def("next_count", &PyBatchReader::next_count)
+      .def("close", &PyBatchReader::close)
+      .def("stats", [](PyBatchReader& r) { return stats_dict(r.reader().stats()); })
+      .def("reset_stats", [](PyBatchReader& r) { r.reader().reset_stats(); });
+
+  // Test seams: not API (the leading underscore keeps them out of _native.pyi). tests/seams.py uses them.
+  py::module_ testing = m.def_submodule("_testing", "Test seams of the native core; not part of fastload's API.");
+  testing.def(
+      "set_read_delay", [](PyBatchReader& r, uint32_t delay_us) { r.reader().set_read_delay_for_tests(delay_us); },
+      py::arg("reader"), py::arg("delay_us"),
+      "Make every worker of `reader` sleep `delay_us` before each record read (lifecycle tests).");
+}
+
+}  // namespace fastload::bindings
