@@ -27,7 +27,7 @@ FUZZ_CORPUS  := build/fuzz-corpus
 FUZZ_SECONDS ?= 600
 
 # (wheel and test-wheel: self-contained manylinux wheels, scripts/build_wheel.sh and scripts/test_wheel.sh)
-.PHONY: wheel test-wheel install system-deps demo test test-gpu test-asan test-cpp test-windows-core bench bench-quick lint clean fuzz fuzz-ci fuzz-build
+.PHONY: docs wheel test-wheel install system-deps demo test test-gpu test-asan test-cpp test-windows-core bench bench-quick lint clean fuzz fuzz-ci fuzz-build
 
 install: $(VENV)/.installed
 
@@ -135,5 +135,13 @@ lint: install
 	$(PY) -m mypy python/fastload
 	PYTHONPATH=python $(VENV)/bin/lint-imports --no-cache
 
+# The documentation site (mkdocs.yml): docs/*.md and the API reference from the docstrings,
+# built into site/ with every warning an error (broken links and anchors included).
+DOCS_PACKAGES := "mkdocs==1.6.1" "mkdocs-material==9.8.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11"
+docs: install
+	$(PY) -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null || \
+	    $(PY) -m pip install -q -c $(VENV)/torch-constraint.txt $(DOCS_PACKAGES)
+	$(PY) -m mkdocs build --strict --clean
+
 clean:
-	rm -rf build demo-output $(VENV)
+	rm -rf build demo-output site $(VENV)

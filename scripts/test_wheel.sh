@@ -49,9 +49,10 @@ if [ -n "$bad" ]; then
   exit 1
 fi
 
-# The tests, and the files some of them read from the checkout (README.md, python/ for the
+# The tests, and the files some of them read from the checkout (README.md, docs/, csrc/bindings/, python/ for the
 # layer lint), copied; a plugin asserts the session imports the installed fastload.
-cp -r "$ROOT/tests" "$ROOT/README.md" "$ROOT/pyproject.toml" "$work/"
+cp -r "$ROOT/tests" "$ROOT/README.md" "$ROOT/pyproject.toml" "$ROOT/docs" "$work/"
+mkdir -p "$work/csrc" && cp -r "$ROOT/csrc/bindings" "$work/csrc/"  # a source check of the exit gate reads them
 cp -r "$ROOT/python" "$work/python"
 mkdir "$work/plugin"
 cat > "$work/plugin/installed_fastload.py" <<EOF

@@ -1,4 +1,5 @@
-"""The README's "With PyTorch Lightning" and "With torchrun / DDP" snippets, run as written on a tiny dataset.
+"""The docs' "With PyTorch Lightning" and "With torchrun / DDP" snippets (docs/distributed.md), run as written
+on a tiny dataset.
 
 Only sizes are substituted (the dataset path, batch size, epochs, checkpoint
 interval, input channels), by exact text replacement that fails when the
@@ -42,8 +43,12 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 pytestmark = [pytest.mark.slow, pytest.mark.no_asan]
 
 
+DOCS = [README, *sorted((README.parent / "docs").glob("*.md"))]
+
+
 def snippet(heading: str, replacements: dict[str, str]) -> str:
-    text = README.read_text()
+    """The first python block under ``## heading`` in the README or a docs page, with sizes replaced."""
+    text = next(t for t in (d.read_text() for d in DOCS) if f"## {heading}\n" in t)
     section = text[text.index(f"## {heading}\n"):]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None, heading

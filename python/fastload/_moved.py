@@ -5,6 +5,10 @@ A pickle names a class by its module: a loader pickled before the move says
 ``pickle.load``) gives the module at its new path, so pickles written by older versions
 load and old private imports keep working. New code imports the new paths; the tests
 use the old ones only in tests/test_legacy_pickles.py.
+
+Removal: in fastload 0.3 (two minor releases after 0.1, the first to ship the new paths).
+A pickle written by 0.1 or earlier then loads only after it is re-saved by 0.2; the
+README's "Upgrading" note says so. ``REMOVED_IN`` is that version.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import importlib.machinery
 import sys
 import types
 from typing import Any
+
+REMOVED_IN = "0.3"
 
 # fastload.<old> -> fastload.<new>
 MOVED = {

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     steps = [
         ["--data-dir", str(photos), "--output-dir", str(out / "photo-shards"), "--tile-size", "128", "--stride", "96",
-         "--edge", "pad", "--labels-from-dirs", "--val-fraction", "0.2", "--seed", "0", "--codec", "zstd",
+         "--edge", "pad", "--labels-from-dirs", "--val-fraction", "0.4", "--seed", "0", "--codec", "zstd",
          "--samples-per-shard", "64", "--workers", "2", "--no-progress"],
         ["--data-dir", str(rasters), "--output-dir", str(out / "raster-shards"), "--tile-size", "64",
          "--codec", "zstd-shuffle", "--shard-size", "2MB", "--workers", "2", "--no-progress"],
