@@ -203,7 +203,7 @@ def test_a_batch_viewing_one_buffer_is_copied_as_one_span():
 
 
 def test_auto_prefetch_holds_about_32_mib_of_pinned_batches():
-    from fastload.loading._loader import auto_prefetch
+    from fastload.loading._specs import auto_prefetch
 
     tiles = 256 * (3 * 128 * 128 + 8)
     small = 256 * (3 * 32 * 32 + 8)

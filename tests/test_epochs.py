@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import BACKENDS, batches_equal
 
+import fastload
 from fastload import ShardLoader
 
 ALL = [7 * i for i in range(103)]
@@ -226,7 +227,7 @@ def test_batches_running_out_early_is_an_error_not_an_epoch_end(small_dataset):
     it = iter(loader)
     next(it)
     it._inner.close()  # the reader stops (as a closed native epoch does) with 10 batches still planned
-    with pytest.raises(RuntimeError, match="a pass over 11 batches stopped after 1"):
+    with pytest.raises(fastload.FastloadError, match="a pass over 11 batches stopped after 1"):
         next(it)
     assert loader.epoch == 1 and loader.remaining() == 11  # abandoned, not completed: the next pass reads epoch 1
     assert (loader.state_dict()["epoch"], loader.state_dict()["position"]) == (0, 10)  # where the data stopped

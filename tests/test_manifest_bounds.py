@@ -60,6 +60,7 @@ print(status("VmHWM") - before, size)
 """
 
 
+@pytest.mark.no_asan  # measures peak RSS, which ASan's shadow memory and quarantine inflate (and runs 10x slower)
 @pytest.mark.parametrize(("chars", "tail", "ratio"), [(50_000_000, "", 4), (10_000_000, "\U0001F600", 12)],
                          ids=["50 MB ascii", "10 MB held as 4-byte characters"])
 def test_checking_a_long_string_costs_a_small_multiple_of_the_file(dataset, chars, tail, ratio):

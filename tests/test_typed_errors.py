@@ -53,3 +53,18 @@ def test_verify_reports_lmdb_damage_in_one_line_without_a_traceback(dataset):
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
     assert "shard-00000.lmdb" in r.stdout
     assert "1 problem(s)" in r.stdout.strip().splitlines()[-1]  # the summary
+
+
+def test_the_library_raises_no_untyped_value_or_type_error():
+    """Every ValueError / TypeError the package raises is a FastloadError too (ArgumentError, ArgumentTypeError),
+    so ``except FastloadError`` catches every error a user can cause; a bare one is caught here at its line."""
+    import ast
+
+    bare = []
+    for path in sorted((Path(fastload.__file__).parent).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                call = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(call, ast.Name) and call.id in ("ValueError", "TypeError", "RuntimeError"):
+                    bare.append(f"{path.name}:{node.lineno} {call.id}")
+    assert not bare, bare

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from ..errors import SchemaMismatchError
+from ..errors import ArgumentError, SchemaMismatchError
 from ..format._codecs import CODECS, IMAGE_CODECS, default_options, guess_layout
 from ..format._dtypes import dtype_name
 from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
@@ -47,9 +47,9 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
             raise FileExistsError(f"{out}: not a fastload dataset; refusing to overwrite it")
         shutil.rmtree(out)
     if not arrays:
-        raise ValueError("write_arrays needs at least one field")
+        raise ArgumentError("write_arrays needs at least one field")
     if samples_per_shard < 1:
-        raise ValueError(f"samples_per_shard must be positive, not {samples_per_shard}")
+        raise ArgumentError(f"samples_per_shard must be positive, not {samples_per_shard}")
     counts = {name: len(a) for name, a in arrays.items()}
     if len(set(counts.values())) != 1:
         raise SchemaMismatchError(f"fields differ in sample count: {counts}")
@@ -100,12 +100,12 @@ def check_codecs(codec: str | Mapping[str, str], names: Sequence[str] | None) ->
     for name, c in per_field.items():
         if c not in CODECS and c != "auto":
             where = "" if name is None else f" for field {name!r}"
-            raise ValueError(f"unknown codec {c!r}{where}; use one of {[*CODECS, 'auto']}")
+            raise ArgumentError(f"unknown codec {c!r}{where}; use one of {[*CODECS, 'auto']}")
     if names is None:
         return
     unknown = [n for n in per_field if n is not None and n not in names]
     if unknown:
-        raise ValueError(f"codec names field(s) {unknown} that the data does not have; its fields are {list(names)}")
+        raise ArgumentError(f"codec names field(s) {unknown} that the data does not have; its fields are {list(names)}")
 
 
 def plan_field(name: str, samples: np.ndarray, codec: str, level: int | None = None, layout: str | None = None,

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .. import _extension
+from ..errors import ArgumentError
 from ..format._codecs import LOSSY_CODECS, default_options, fitting_codecs
 from ..format._record import RECORD_VERSION, Field, RecordEncoder, decode_record, schema_fingerprint
 
@@ -94,7 +95,7 @@ def rule_text(prefer: str) -> str:
 def pick(trials: Sequence[Trial], prefer: str) -> Trial:
     """Apply the rule of ``prefer`` to measured trials (raw among them); pure, so tests can check it."""
     if prefer not in PREFERENCES:
-        raise ValueError(f"prefer must be one of {PREFERENCES}, not {prefer!r}")
+        raise ArgumentError(f"prefer must be one of {PREFERENCES}, not {prefer!r}")
     raw = next(t for t in trials if t.codec == "raw")
     floor = {"size": 0.0, "balanced": BALANCED_FRACTION, "speed": SPEED_FRACTION}[prefer] * raw.decode_mb_s
     eligible = [t for t in trials if t.decode_mb_s >= floor or t.codec == "raw"]
@@ -115,7 +116,7 @@ def choose_codec(name: str, samples: np.ndarray, layout: str | None = None, pref
                  lossy_ok: bool = False) -> Choice:
     """Try the codecs that fit ``samples`` (shape ``[n, *field shape]``) and return the field auto picks."""
     if prefer not in PREFERENCES:
-        raise ValueError(f"prefer must be one of {PREFERENCES}, not {prefer!r}")
+        raise ArgumentError(f"prefer must be one of {PREFERENCES}, not {prefer!r}")
     dtype, shape = samples.dtype, tuple(samples.shape[1:])
     from ..format._dtypes import dtype_name
 

@@ -122,22 +122,22 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     check_codecs(codec, None)  # the field names are checked once the first sample gives them
     used = {codec} if isinstance(codec, str) else set(codec.values())
     if level is not None and used <= {"raw"}:
-        raise ValueError(f"level {level} is not valid for codec 'raw' (it takes no level)")
+        raise ArgumentError(f"level {level} is not valid for codec 'raw' (it takes no level)")
     zstd = sorted(used & {"zstd", "zstd-shuffle"})
     if level is not None and zstd and not ZSTD_LEVELS[0] <= level <= ZSTD_LEVELS[1]:
-        raise ValueError(f"level {level} is not valid for codec {zstd[0]!r} (zstd codecs take 1 to 22)")
+        raise ArgumentError(f"level {level} is not valid for codec {zstd[0]!r} (zstd codecs take 1 to 22)")
     if prefer not in PREFERENCES:
-        raise ValueError(f"prefer must be one of {PREFERENCES}, not {prefer!r}")
+        raise ArgumentError(f"prefer must be one of {PREFERENCES}, not {prefer!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers > MAX_WORKERS:
         raise ArgumentError(f"workers must be an integer in [1, {MAX_WORKERS}], not {workers!r}")
     if workers < 1 or (samples_per_shard is not None and samples_per_shard < 1):
-        raise ValueError(f"workers and samples_per_shard must be positive, not {workers} and {samples_per_shard}")
+        raise ArgumentError(f"workers and samples_per_shard must be positive, not {workers} and {samples_per_shard}")
     try:
         shard_bytes = parse_size(shard_size) if shard_size is not None else None
     except Exception as err:
-        raise ValueError(f"shard_size: {err}") from None
+        raise ArgumentError(f"shard_size: {err}") from None
     if shard_bytes is None and samples_per_shard is None:
-        raise ValueError("give samples_per_shard or shard_size (or both)")
+        raise ArgumentError("give samples_per_shard or shard_size (or both)")
     out = Path(out_dir)
     map_style = _is_map_style(source)
     if map_style and hasattr(source, "with_format") and type(source).__module__.startswith("datasets"):
@@ -154,7 +154,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
         try:
             check_resume_options(out, options)
         except UsageError as err:
-            raise ValueError(str(err).replace("--resume", "resume=True")) from None
+            raise ArgumentError(str(err).replace("--resume", "resume=True")) from None
     _prepare(out, overwrite, resume)
     if resume and (out / MANIFEST_NAME).exists():
         from ..format._manifest import load_manifest
@@ -165,7 +165,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     if map_style:
         count: int | None = len(source)
         if not count:
-            raise ValueError(f"{type(source).__name__}: the dataset is empty; nothing to write")
+            raise ArgumentError(f"{type(source).__name__}: the dataset is empty; nothing to write")
         first = sample_arrays(source[0], 0, tuple_names)
         rest: Iterator[Any] = iter(())
         head: list[dict[str, Any]] = []
@@ -175,7 +175,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
         try:
             first = sample_arrays(next(iterator), 0, tuple_names)
         except StopIteration:
-            raise ValueError(f"{type(source).__name__}: the iterable is empty; nothing to write") from None
+            raise ArgumentError(f"{type(source).__name__}: the iterable is empty; nothing to write") from None
         rest = iterator
         head = []
     if "auto" in used and not map_style:  # auto measures the first samples of a stream, kept to be written

@@ -10,7 +10,7 @@ import numpy as np
 import tifffile
 from PIL import Image
 
-from ..errors import ImageReadError
+from ..errors import ArgumentError, ImageReadError
 from ._layouts import LayoutError, npy_hwc_shape, npy_layout_of
 
 IMAGE_SUFFIXES = {".png": "pillow", ".jpg": "pillow", ".jpeg": "pillow", ".tif": "tiff", ".tiff": "tiff", ".npy": "npy",
@@ -162,7 +162,7 @@ def _pillow_info(size: tuple[int, int], mode: str) -> ImageInfo:
     channels, dtype = {"L": (1, "uint8"), "LA": (2, "uint8"), "RGB": (3, "uint8"), "RGBA": (4, "uint8"),
                        "CMYK": (4, "uint8"), "I": (1, "int32"), "F": (1, "float32")}.get(mode, (0, ""))
     if not channels:
-        raise ValueError(f"unsupported Pillow image mode {mode!r}")
+        raise ArgumentError(f"unsupported Pillow image mode {mode!r}")
     return ImageInfo(height, width, channels, dtype)
 
 
@@ -177,10 +177,10 @@ def _check_png_depth(path: str | os.PathLike) -> None:
 def _tiff_channel_axis(shape: tuple[int, ...], axes: str) -> int:
     """Return the index of the band axis (-1 for none); refuse stacks that are not one multi-band image."""
     if "Y" not in axes or "X" not in axes:
-        raise ValueError(f"TIFF axes {axes!r} lack Y and X")
+        raise ArgumentError(f"TIFF axes {axes!r} lack Y and X")
     others = [i for i, a in enumerate(axes) if a not in "YX" and shape[i] != 1]
     if len(others) > 1 or (others and axes[others[0]] not in _CHANNEL_AXES):
-        raise ValueError(f"TIFF with axes {axes!r} and shape {shape} is not a single multi-band image")
+        raise ArgumentError(f"TIFF with axes {axes!r} and shape {shape} is not a single multi-band image")
     return others[0] if others else -1
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..errors import ArgumentError
+
 
 class LayoutError(ValueError):
     """A 3-D array's layout cannot be told from its shape; the message asks for --npy-layout."""
@@ -34,4 +36,4 @@ def npy_hwc_shape(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
         if npy_layout_of(shape, layout) == "chw":
             return (shape[1], shape[2], shape[0])
         return (shape[0], shape[1], shape[2])
-    raise ValueError(f"array of shape {shape}: expected (H, W), (H, W, C) or (C, H, W)")
+    raise ArgumentError(f"array of shape {shape}: expected (H, W), (H, W, C) or (C, H, W)")

@@ -16,7 +16,7 @@ from pathlib import Path
 import lmdb
 import xxhash
 
-from ..errors import SchemaMismatchError
+from ..errors import ArgumentError, SchemaMismatchError
 from ..format._manifest import ShardInfo, file_hash, fsync_dir
 from ..format._manifest_check import shard_name
 from ..format._record import FORMAT_VERSION, Field, bind_key, binding_fingerprint, schema_fingerprint
@@ -63,7 +63,7 @@ def write_shard(directory: str | os.PathLike, index: int, records: Sequence[byte
     fingerprint, schema = None, b""
     if records and records[0][4:6] == FORMAT_VERSION.to_bytes(2, "little"):
         if binding is None:
-            raise ValueError(f"shard {index}: format {FORMAT_VERSION} records need (schema, dataset id) to bind to")
+            raise ArgumentError(f"shard {index}: format {FORMAT_VERSION} records need (schema, dataset id) to bind to")
         schema_fp = schema_fingerprint(binding[0])
         schema, fingerprint = schema_fp.to_bytes(8, "little"), binding_fingerprint(schema_fp, binding[1], index)
     directory = Path(directory)

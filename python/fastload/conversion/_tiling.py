@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ArgumentError
+
 
 def tile_origins(length: int, tile: int, stride: int, edge: str) -> list[int]:
     """Return the start offsets of tiles along one axis.
@@ -12,11 +14,11 @@ def tile_origins(length: int, tile: int, stride: int, edge: str) -> list[int]:
     until every pixel is covered, the last ones padded with zeros.
     """
     if tile <= 0 or stride <= 0:
-        raise ValueError(f"tile size {tile} and stride {stride} must be positive")
+        raise ArgumentError(f"tile size {tile} and stride {stride} must be positive")
     if edge == "drop":
         return list(range(0, length - tile + 1, stride))
     if edge != "pad":
-        raise ValueError(f"edge must be 'drop' or 'pad', not {edge!r}")
+        raise ArgumentError(f"edge must be 'drop' or 'pad', not {edge!r}")
     origins = []
     start = 0
     while start < length:

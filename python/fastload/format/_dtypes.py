@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ArgumentError
+
 # Name in the schema -> numpy dtype (always little-endian on disk).
 NUMPY_DTYPES: dict[str, np.dtype] = {
     "uint8": np.dtype("u1"),
@@ -24,4 +26,4 @@ def dtype_name(dtype: np.dtype | str) -> str:
     for name, candidate in NUMPY_DTYPES.items():
         if dt.kind == candidate.kind and dt.itemsize == candidate.itemsize:
             return name
-    raise ValueError(f"dtype {dt} is not supported; use one of {', '.join(NUMPY_DTYPES)}")
+    raise ArgumentError(f"dtype {dt} is not supported; use one of {', '.join(NUMPY_DTYPES)}")

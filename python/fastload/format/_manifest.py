@@ -15,7 +15,7 @@ from typing import Any
 
 import xxhash
 
-from ..errors import DatasetError
+from ..errors import ArgumentError, DatasetError
 from ._manifest_check import read_manifest
 from ._record import (
     FORMAT_VERSION,
@@ -93,7 +93,7 @@ class Manifest:
         }
         if self.format_version >= 3:
             if self.dataset_id is None:
-                raise ValueError("a format 3 manifest needs its dataset_id")
+                raise ArgumentError("a format 3 manifest needs its dataset_id")
             doc["dataset_id"] = self.dataset_id
             if not self.shards:
                 doc["empty"] = True

@@ -88,17 +88,17 @@ class Field:
 
     def __post_init__(self) -> None:
         if not self.name:
-            raise ValueError("a field needs a name")
+            raise ArgumentError("a field needs a name")
         if self.dtype not in NUMPY_DTYPES:
-            raise ValueError(f"field {self.name!r}: dtype {self.dtype!r} is not one of {list(NUMPY_DTYPES)}")
+            raise ArgumentError(f"field {self.name!r}: dtype {self.dtype!r} is not one of {list(NUMPY_DTYPES)}")
         if self.codec not in CODECS:
-            raise ValueError(f"field {self.name!r}: unknown codec {self.codec!r}; use one of {list(CODECS)}")
+            raise ArgumentError(f"field {self.name!r}: unknown codec {self.codec!r}; use one of {list(CODECS)}")
         if any(int(d) < 0 for d in self.shape):
-            raise ValueError(f"field {self.name!r}: negative dimension in shape {self.shape}")
+            raise ArgumentError(f"field {self.name!r}: negative dimension in shape {self.shape}")
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
         problem = options_problem(self.codec, self.codec_options)
         if problem:
-            raise ValueError(f"field {self.name!r}: codec_options: {problem}")
+            raise ArgumentError(f"field {self.name!r}: codec_options: {problem}")
         problem = codec_problem(self.codec, self.dtype, self.shape, self.codec_options)
         if problem:
             layout = self.codec_options.get("layout")
@@ -195,7 +195,7 @@ def binding_fingerprint(schema: int, dataset_id: str, shard: int) -> int:
 def dataset_id_bytes(dataset_id: str) -> bytes:
     """Return the 16 bytes of a dataset id (32 lowercase hex digits); raise ValueError otherwise."""
     if len(dataset_id) != 32 or any(c not in "0123456789abcdef" for c in dataset_id):
-        raise ValueError(f"dataset id {dataset_id!r}: expected 32 lowercase hex digits")
+        raise ArgumentError(f"dataset id {dataset_id!r}: expected 32 lowercase hex digits")
     return bytes.fromhex(dataset_id)
 
 
@@ -225,7 +225,7 @@ class RecordEncoder:
         (:func:`bind_key`) to its dataset and shard.
         """
         if version not in READABLE_FORMAT_VERSIONS:
-            raise ValueError(f"record version {version} is not one of {READABLE_FORMAT_VERSIONS}")
+            raise ArgumentError(f"record version {version} is not one of {READABLE_FORMAT_VERSIONS}")
         self.fields = list(fields)
         if not 1 <= len(self.fields) <= MAX_FIELDS:
             raise SchemaMismatchError(f"a schema of {len(self.fields)} fields; a schema has 1 to {MAX_FIELDS}")

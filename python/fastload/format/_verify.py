@@ -20,7 +20,14 @@ import xxhash
 from tqdm import tqdm
 
 from .._extension import require as native_core
-from ..errors import CorruptRecordError, CorruptShardError, DatasetError, FastloadError, ShardNotFoundError
+from ..errors import (
+    ArgumentError,
+    CorruptRecordError,
+    CorruptShardError,
+    DatasetError,
+    FastloadError,
+    ShardNotFoundError,
+)
 from ._manifest import HASH_ALGORITHM, ShardInfo, load_manifest
 from ._record import RECORD_VERSION, Field, max_sample_bytes, schema_fingerprint
 from ._shard_files import check_shard_file
@@ -132,7 +139,7 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
                    allow_external_shards: bool = False) -> VerifyReport:
     """Check one dataset directory with ``jobs`` threads; call ``on_problem`` per problem, in shard order."""
     if jobs < 1:
-        raise ValueError(f"jobs must be at least 1, not {jobs}")
+        raise ArgumentError(f"jobs must be at least 1, not {jobs}")
     directory = Path(directory)
     report = VerifyReport()
     start = time.perf_counter()

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ArgumentError, ArgumentTypeError
 from ..format._record import max_sample_bytes
 from ..transforms import Program, Transform
 from ..transforms._reference import apply
@@ -43,7 +44,7 @@ def _check_class(cls: type) -> None:
     overridden = [m for m in ("__getitem__", "__getitems__", "read_batch", "read_arrays")
                   if getattr(cls, m, None) is not getattr(ShardDataset, m, None)]
     if overridden:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{cls.__name__} overrides {', '.join(overridden)}, which backend='native' never calls (its C++ "
             "threads read the shards directly), so its batches would silently differ from backend='torch'. "
             "Declare the augmentation with transforms=[...] (fastload.transforms) or batch_transform=fn, "
@@ -79,18 +80,19 @@ class Augment:
         fields = [(f.name, f.dtype, f.shape) for f in dataset.fields]
         self.program = Program(list(transforms), fields, layout, max_sample_bytes()) if transforms else None
         if batch_transform is not None and not callable(batch_transform):
-            raise TypeError(f"batch_transform must be callable as fn(batch, generator), not {batch_transform!r}")
+            raise ArgumentTypeError(
+                f"batch_transform must be callable as fn(batch, generator), not {batch_transform!r}")
         self.batch_transform = batch_transform
         if isinstance(output, str):
             output = (output,)
         if transforms and not getattr(dataset, "same_layout", True):
-            raise ValueError("transforms= with a concatenation of datasets that store their records differently "
+            raise ArgumentError("transforms= with a concatenation of datasets that store their records differently "
                              "is not supported yet; concatenate datasets of one layout")
         names = [f.name for f in dataset.fields] + (["source"] if getattr(dataset, "with_source", False) else [])
         if output is not None:
             unknown = [n for n in output if n not in names]
             if unknown or not output:
-                raise ValueError(f"output={tuple(output)!r} names unknown field(s) {unknown}; "
+                raise ArgumentError(f"output={tuple(output)!r} names unknown field(s) {unknown}; "
                                  f"the loader yields {names}")
         self.output = tuple(output) if output is not None else None
         self.seed = seed

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import xxhash
 
-from ..errors import ArgumentError, SchemaMismatchError
+from ..errors import ArgumentError, ArgumentTypeError, SchemaMismatchError
 from ..sampling._alias import real_weights
 from ..sampling._sampling import MAX_EPOCH_POSITIONS, STOP_MODES, MixSampling, Stop
 from ._dataset import ShardDataset, empty_batch, locate_in_parts
@@ -35,7 +35,7 @@ def _open(item: DatasetLike, fields: Sequence[str] | None) -> ShardDataset:
                                                         allow_external_shards=item.allow_external_shards)
     if isinstance(item, (str, os.PathLike)):
         return ShardDataset(item, fields)
-    raise TypeError(f"expected a dataset directory or a ShardDataset, not {type(item).__name__}")
+    raise ArgumentTypeError(f"expected a dataset directory or a ShardDataset, not {type(item).__name__}")
 
 
 def _schema_key(ds: ShardDataset) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -156,13 +156,13 @@ class MixedShardDataset(ConcatShardDataset):
 
     def subset(self, indices: Any) -> ShardSubset:
         """Refused: a mixture samples its own positions."""
-        raise TypeError("a mixture samples its own positions; take subsets of its datasets before mixing")
+        raise ArgumentTypeError("a mixture samples its own positions; take subsets of its datasets before mixing")
 
 
 def _open_all(datasets: Sequence[DatasetLike], fields: Sequence[str] | None, what: str,
               with_source: bool) -> list[ShardDataset]:
     if isinstance(datasets, (str, os.PathLike, ShardDataset)) or len(datasets) == 0:
-        raise ValueError(f"{what} takes a non-empty list of datasets")
+        raise ArgumentError(f"{what} takes a non-empty list of datasets")
     opened = [_open(d, fields) for d in datasets]
     first = _schema_key(opened[0])
     for j, ds in enumerate(opened[1:], 1):
@@ -209,5 +209,5 @@ def mix(datasets: Sequence[DatasetLike], weights: Sequence[float], stop: Stop = 
     stop = stop if isinstance(stop, str) else int(stop)
     empty = [j for j, ds in enumerate(opened) if len(ds) == 0]
     if empty:
-        raise ValueError(f"mix: dataset {empty[0]} ({opened[empty[0]].path}) has no samples")
+        raise ArgumentError(f"mix: dataset {empty[0]} ({opened[empty[0]].path}) has no samples")
     return MixedShardDataset(opened, weights, stop, with_source)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError, FastloadWarning
+from ..errors import ArgumentError, DatasetError, FastloadWarning
 from ..transforms import Transform
 from ._augment import BatchTransform
 from ._loader import ShardLoader
@@ -67,7 +67,7 @@ class ShardDataModule(_lightning_base()):  # type: ignore[misc]
         super().__init__()
         random = [op for op in eval_transforms or () if getattr(op, "random", False)]
         if random and not allow_random_eval_transforms:
-            raise ValueError(f"eval_transforms holds {', '.join(map(repr, random))}, which draw random parameters "
+            raise ArgumentError(f"eval_transforms holds {', '.join(map(repr, random))}, which draw random parameters "
                              "per sample: validation and test batches would change every epoch; use deterministic "
                              "ops (CenterCrop, Resize, Normalize, ...) or pass allow_random_eval_transforms=True "
                              "for test-time augmentation")
@@ -92,7 +92,7 @@ class ShardDataModule(_lightning_base()):  # type: ignore[misc]
     def loader(self, split: str) -> ShardLoader:
         """Return the loader of ``split`` ("train", "val" or "test"), building it on first use."""
         if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+            raise ArgumentError(f"split must be one of {SPLITS}, not {split!r}")
         if split not in self._loaders:
             if not self.has_split(split):
                 raise DatasetError(f"{self.root} has no {split}/ directory")
@@ -134,7 +134,7 @@ class ShardDataModule(_lightning_base()):  # type: ignore[misc]
         """Restore each split's loader now, or when it is built."""
         for split, state in state_dict.items():
             if split not in SPLITS:
-                raise ValueError(f"unknown split {split!r} in a ShardDataModule state")
+                raise ArgumentError(f"unknown split {split!r} in a ShardDataModule state")
             if split in self._loaders:
                 self._loaders[split].load_state_dict(state)
             else:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .._extension import require as native_core
-from ..errors import DatasetError
+from ..errors import ArgumentError, DatasetError
 from ..format._manifest import Manifest, load_manifest
 from ..format._record import Field, max_sample_bytes
 from ..format._shard_files import check_shard_files
@@ -56,9 +56,9 @@ def select_fields(schema: Sequence[Field], fields: Sequence[str] | None) -> list
     known, chosen = set(names), set(fields)  # sets: a schema holds up to MAX_FIELDS fields
     unknown = [n for n in fields if n not in known]
     if unknown:
-        raise ValueError(f"unknown field(s) {unknown}; the dataset has {names}")
+        raise ArgumentError(f"unknown field(s) {unknown}; the dataset has {names}")
     if not fields:
-        raise ValueError("fields must name at least one field")
+        raise ArgumentError("fields must name at least one field")
     return [f for f in schema if f.name in chosen]
 
 

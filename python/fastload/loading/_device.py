@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 import torch
 
+from ..errors import ArgumentError
+
 Batch = dict[str, torch.Tensor]
 
 
@@ -142,9 +144,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
     if dev.type == "cpu":
         return None
     if dev.type != "cuda":
-        raise ValueError(f"device {dev} is not supported; use 'cpu', None or a CUDA device")
+        raise ArgumentError(f"device {dev} is not supported; use 'cpu', None or a CUDA device")
     if not torch.cuda.is_available():
-        raise ValueError(f"device={str(device)!r} needs CUDA, which is not available")
+        raise ArgumentError(f"device={str(device)!r} needs CUDA, which is not available")
     return dev
 
 
@@ -158,7 +160,7 @@ class DevicePrefetcher:
 
     def __init__(self, batches: Iterator[Batch], ops: TransferOps, max_copies_in_flight: int = 2) -> None:
         if max_copies_in_flight < 1:
-            raise ValueError(f"max_copies_in_flight must be at least 1, not {max_copies_in_flight}")
+            raise ArgumentError(f"max_copies_in_flight must be at least 1, not {max_copies_in_flight}")
         self._batches: Iterator[Batch] | None = batches
         self._source = batches  # kept after close for its stats
         self._ops = ops

@@ -36,7 +36,7 @@ def resolve_distributed(rank: int | None, world_size: int | None) -> tuple[int, 
     world = 1 if world_size is None else _positive_int("world_size", world_size)
     rank = 0 if rank is None else rank
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-        raise ValueError(f"rank must be an integer in [0, {world}), not {rank!r}")
+        raise ArgumentError(f"rank must be an integer in [0, {world}), not {rank!r}")
     return rank, world
 
 

@@ -100,7 +100,7 @@ class EpochIterator:
             self._wait += time.perf_counter() - start
         if batch is None:  # the batches ran out before the plan did: never pass that off as an epoch's end
             self._end(complete=False)
-            raise RuntimeError(f"a pass over {len(self.plan)} batches stopped after {self.delivered}")
+            raise FastloadError(f"a pass over {len(self.plan)} batches stopped after {self.delivered}")
         self.delivered += 1
         self._samples += _batch_len(batch)
         if self.delivered == len(self.plan):

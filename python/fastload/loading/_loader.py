@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal, Union
 
 import numpy as np
@@ -14,79 +12,21 @@ import torch
 
 from .._extension import require as native_core
 from ..errors import ArgumentError
-from ..format._splits import resolve_dataset_path
 from ..sampling._order import EpochOrder
 from ..sampling._sampling import ArrayOrder
 from ._augment import Augment, BatchTransform, check_dataset_class
 from ._compose import ConcatShardDataset, ShardSubset
 from ._dataset import ShardDataset
-from ._device import CudaOps, DevicePrefetcher, resolve_device
-from ._distributed import Topology, _positive_int
+from ._device import CudaOps, DevicePrefetcher
 from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
-from ._native_backend import NATIVE_IMPORT_ERROR, NativeEpoch, NativeSettings, SlotPoolKeeper, open_shards
+from ._native_backend import NativeEpoch, NativeSettings, SlotPoolKeeper, open_shards
 from ._native_groups import GroupedNativeEpoch, open_groups
 from ._plan import BatchIndices, EpochPlan
 from ._sampler import EpochBatchSampler, EpochSampler
-from ._sampling_setup import WithSource, dataset_fingerprint, make_sampling
+from ._sampling_setup import WithSource, dataset_fingerprint
+from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec
 from ._state import MAX_EPOCH, check_state, make_state
 from ._torch_backend import OrderBatchSampler, make_dataloader, workers_for_platform
-
-MAX_THREADS = 1024  # the most native threads, and batches in flight, a loader takes
-
-BACKEND_ENV = "FASTLOAD_BACKEND"
-Auto = Literal["auto"]
-
-
-def _resolve_backend(backend: str) -> str:
-    if backend == "auto":
-        backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
-    if backend not in ("auto", "native", "torch"):
-        raise ValueError(f"backend must be 'auto', 'native' or 'torch', not {backend!r}")
-    if backend == "native" and NATIVE_IMPORT_ERROR is not None:
-        raise ImportError(f"backend='native' needs fastload._native, which failed to import: {NATIVE_IMPORT_ERROR}")
-    if backend == "auto":
-        if NATIVE_IMPORT_ERROR is None:
-            return "native"
-        warnings.warn(f"fastload: the native extension is not available ({NATIVE_IMPORT_ERROR}); "
-                      "falling back to backend='torch'", RuntimeWarning, stacklevel=3)
-        return "torch"
-    return backend
-
-
-PINNED_PREFETCH_BYTES = 32 * 2**20
-# Plain batches in flight: at least this many bytes (and this many batches at most). A worker
-# descheduled in the middle of a chunk holds back the oldest batch; the others keep decoding only
-# while later batches are queued, so the queue must hold more work than a scheduler time slice
-# when there are more threads than cores (small records: 200 us of work per batch).
-MIN_PREFETCH_BYTES = 64 * 2**20
-MAX_AUTO_PREFETCH = 64
-
-
-def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool) -> int:
-    """Return ``prefetch="auto"``: batches in flight for this many threads and this batch size.
-
-    Plain memory: at least one batch per thread and 2, and at least 64 MiB of batches (up to
-    64 batches), so that small batches keep many threads busy. Pinned: one batch per thread,
-    no more than about 32 MiB of batches: page-locked memory is scarce and torch rounds each
-    pinned batch up to a power of two; with batches of a few MiB, two or three in flight keep
-    every thread busy, since all threads work on the oldest batch.
-    """
-    prefetch = max(2, num_threads)
-    if batch_bytes <= 0:
-        return prefetch
-    if pin_memory:
-        return min(prefetch, max(2, -(-PINNED_PREFETCH_BYTES // batch_bytes)))
-    return max(prefetch, min(MAX_AUTO_PREFETCH, -(-MIN_PREFETCH_BYTES // batch_bytes)))
-
-
-def _resolve_pin_memory(pin_memory: bool | str, device: torch.device | None) -> bool:
-    if pin_memory == "auto":
-        return device is not None or torch.cuda.is_available()
-    if not isinstance(pin_memory, bool):
-        raise ValueError(f"pin_memory must be True, False or 'auto', not {pin_memory!r}")
-    if pin_memory and not torch.cuda.is_available():
-        raise ValueError("pin_memory=True needs CUDA, which is not available; use pin_memory='auto' or False")
-    return pin_memory
 
 
 class ShardLoader:
@@ -180,52 +120,25 @@ class ShardLoader:
         output: Sequence[str] | None = None,
         multiprocessing_context: str | None = None,
     ) -> None:
-        if split is not None:  # a dataset root with splits.json: pick one split's directory
-            if not isinstance(path_or_dataset, (str, os.PathLike)):
-                raise ValueError(f"split={split!r} needs a dataset root path, not a {type(path_or_dataset).__name__}")
-            path_or_dataset = resolve_dataset_path(path_or_dataset, split)
-        self.batch_size = _positive_int("batch_size", batch_size)
-        source: str | os.PathLike | ShardDataset | ConcatShardDataset | ShardSubset = path_or_dataset
-        if isinstance(source, ShardSubset):
-            if indices is not None:
-                raise ValueError("pass indices= or a ShardSubset, not both")
-            indices = source.indices
-            source = source.dataset
-        self.dataset: ShardDataset | ConcatShardDataset
-        if isinstance(source, ShardDataset):
-            self.dataset = source if fields is None else ShardDataset(
-                source.path, fields, verify_checksums, allow_external_shards=source.allow_external_shards)
-        elif isinstance(source, ConcatShardDataset):
-            self.dataset = source if fields is None else source.with_fields(fields)
-        elif isinstance(source, (str, os.PathLike)):
-            self.dataset = ShardDataset(Path(source), fields, verify_checksums,
-                                        allow_external_shards=allow_external_shards)
-        else:
-            raise TypeError(f"expected a dataset directory or a ShardDataset (or a fastload.concat, mix or subset), "
-                            f"not {type(path_or_dataset).__name__}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ValueError(f"seed must be an integer, not {seed!r}")
-        self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
-        self._sampling = make_sampling(self.dataset, self.shuffle, indices, sample_weights, num_samples,
-                                       replacement)
+        # The constructor only validates and groups (one spec per concern, _specs.py), then composes them.
+        OrderSpec.check_batch_size(batch_size)  # before the dataset is opened, as a DataLoader would
+        source = SourceSpec.build(path_or_dataset, split, fields, verify_checksums, allow_external_shards, indices)
+        indices = source.indices  # a ShardSubset's, when one was passed
+        order = OrderSpec.build(source, batch_size, shuffle, seed, drop_last, sample_weights, num_samples,
+                                replacement)
+        distribution = DistributionSpec.build(rank, world_size, even_batches)
+        placement = DeviceSpec.build(device, pin_memory)
+        reading = ReadSpec.build(backend, num_threads, prefetch, num_workers, prefetch_factor, persistent_workers,
+                                 multiprocessing_context, order.batch_size * source.sample_bytes,
+                                 placement.pin_memory)
+        self.dataset: ShardDataset | ConcatShardDataset = source.dataset
+        self.batch_size, self.shuffle, self.seed, self.drop_last = (order.batch_size, order.shuffle, order.seed,
+                                                                    order.drop_last)
+        self._sampling = order.sampling
         self._orders: dict[int, EpochOrder | ArrayOrder] = {}
-        self._topology = Topology(rank, world_size)
-        self.even_batches = bool(even_batches)
-        self.device = resolve_device(device)
-        self.num_threads = min(os.cpu_count() or 1, 8) if num_threads == "auto" else _positive_int(
-            "num_threads", num_threads, MAX_THREADS)
-        self.pin_memory = _resolve_pin_memory(pin_memory, self.device)
-        if prefetch == "auto":
-            batch_bytes = self.batch_size * sum(f.nbytes for f in self.dataset.fields)
-            self.prefetch = auto_prefetch(self.num_threads, batch_bytes, self.pin_memory)
-        else:
-            self.prefetch = _positive_int("prefetch", prefetch, MAX_THREADS)
-        if num_workers != "auto" and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
-                                      or not 0 <= num_workers <= MAX_THREADS):
-            raise ArgumentError(f"num_workers must be an integer in [0, {MAX_THREADS}] or 'auto', not {num_workers!r}")
-        if prefetch_factor is not None:
-            _positive_int("prefetch_factor", prefetch_factor, MAX_THREADS)
-        self.backend = _resolve_backend(backend)
+        self._topology, self.even_batches = distribution.topology, distribution.even_batches
+        self.device, self.pin_memory = placement.device, placement.pin_memory
+        self.num_threads, self.prefetch, self.backend = reading.num_threads, reading.prefetch, reading.backend
         check_dataset_class(self.dataset, self.backend)
         self.augment = Augment(self.dataset, transforms, layout, batch_transform, output, seed)
         self.verify_checksums = verify_checksums

@@ -24,6 +24,8 @@ from typing import Protocol
 
 import torch
 
+from ..errors import ArgumentError
+
 
 class HostAllocator(Protocol):
     """Returns a fresh one-dimensional uint8 CPU tensor of ``nbytes`` for one batch."""
@@ -60,7 +62,7 @@ class FieldViews:
         for name, offset, dtype, shape in zip(names, offsets, dtypes, shapes):
             itemsize = torch.empty(0, dtype=dtype).element_size()
             if offset % itemsize:
-                raise ValueError(f"field {name!r}: offset {offset} is not a multiple of its item size {itemsize}")
+                raise ArgumentError(f"field {name!r}: offset {offset} is not a multiple of its item size {itemsize}")
             per_sample = 1
             for dim in shape:
                 per_sample *= int(dim)

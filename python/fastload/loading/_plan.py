@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ArgumentError
 from ..sampling._order import num_batches
 
 
@@ -39,9 +40,9 @@ class EpochPlan:
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
+            raise ArgumentError(f"rank {self.rank} is outside world_size {self.world_size}")
         if not 0 <= self.start <= self.n:
-            raise ValueError(f"start position {self.start} is outside [0, {self.n}]")
+            raise ArgumentError(f"start position {self.start} is outside [0, {self.n}]")
 
     @property
     def remaining(self) -> int:

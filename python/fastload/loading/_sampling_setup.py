@@ -20,19 +20,19 @@ def make_sampling(dataset: ShardDataset | ConcatShardDataset, shuffle: bool, ind
     """Return the policy of ``indices=`` / ``sample_weights=`` / a mixture (else plain); refuse mixed-up arguments."""
     n = len(dataset)
     if sample_weights is None and (num_samples is not None or replacement is not True):
-        raise ValueError("num_samples= and replacement= go with sample_weights=")
+        raise ArgumentError("num_samples= and replacement= go with sample_weights=")
     chosen = [name for name, value in (("indices", indices), ("sample_weights", sample_weights)) if value is not None]
     if isinstance(dataset, MixedShardDataset):
         chosen.insert(0, "a mixture")
     if len(chosen) > 1:
-        raise ValueError(f"choose one way of sampling: {' and '.join(chosen)} were given")
+        raise ArgumentError(f"choose one way of sampling: {' and '.join(chosen)} were given")
     if isinstance(dataset, MixedShardDataset):
         return dataset.sampling
     if indices is not None:
         return SubsetSampling(check_indices(indices, n))
     if sample_weights is not None:
         if shuffle:
-            raise ValueError("sample_weights= draws its own random order; leave shuffle=False "
+            raise ArgumentError("sample_weights= draws its own random order; leave shuffle=False "
                              "(as DataLoader refuses shuffle=True with a sampler)")
         if isinstance(sample_weights, torch.Tensor):
             sample_weights = sample_weights.detach().cpu().numpy()

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ArgumentError
 from ._compose import ConcatShardDataset, MixedShardDataset
 from ._dataset import ShardDataset
 from ._loader import ShardLoader
@@ -22,10 +23,10 @@ def class_balanced_weights(dataset: ShardDataset | ConcatShardDataset | ShardSub
     names = [f.name for f in dataset.fields] if not isinstance(dataset, ShardSubset) else [
         f.name for f in dataset.dataset.fields]
     if field not in names:
-        raise ValueError(f"class_balanced_weights: no field {field!r}; the dataset has {names}")
+        raise ArgumentError(f"class_balanced_weights: no field {field!r}; the dataset has {names}")
     labels = read_field(dataset, field)
     if labels.ndim != 1 or labels.dtype.kind not in "iub":
-        raise ValueError(f"class_balanced_weights: field {field!r} must be a scalar integer, "
+        raise ArgumentError(f"class_balanced_weights: field {field!r} must be a scalar integer, "
                          f"not {labels.dtype}{list(labels.shape[1:])}")
     _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
     return 1.0 / counts[inverse].astype(np.float64)

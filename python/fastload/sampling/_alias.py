@@ -103,10 +103,10 @@ class AliasTable:
         q = [int(x) for x in weights]
         n = len(q)
         if n == 0 or n >= 1 << 32:
-            raise ValueError(f"an alias table needs 1 to 2**32 - 1 weights, not {n}")
+            raise ArgumentError(f"an alias table needs 1 to 2**32 - 1 weights, not {n}")
         total = sum(q)
         if total <= 0:
-            raise ValueError("an alias table needs a positive weight")
+            raise ArgumentError("an alias table needs a positive weight")
         parts = [x * n for x in q]
         small = [i for i in range(n) if parts[i] < total]
         large = [i for i in range(n) if parts[i] >= total]

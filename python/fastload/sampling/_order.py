@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from ..errors import ArgumentError
+
 ORDER_VERSION = 1
 ROUNDS = 6
 _MASK64 = (1 << 64) - 1
@@ -39,9 +41,9 @@ class EpochOrder:
 
     def __init__(self, seed: int, epoch: int, n: int, shuffle: bool = True) -> None:
         if n < 0:
-            raise ValueError(f"n must be non-negative, not {n}")
+            raise ArgumentError(f"n must be non-negative, not {n}")
         if epoch < 0:
-            raise ValueError(f"epoch must be non-negative, not {epoch}")
+            raise ArgumentError(f"epoch must be non-negative, not {epoch}")
         self.seed, self.epoch, self.n, self.shuffle = int(seed) & _MASK64, int(epoch), int(n), shuffle
         bits = (n - 1).bit_length() if n > 0 else 0
         self.half_bits = max(1, math.ceil(bits / 2))
@@ -60,14 +62,14 @@ class EpochOrder:
     def positions(self, start: int, stop: int) -> np.ndarray:
         """Return the sample indices at positions [start, stop) as a uint64 array."""
         if not 0 <= start <= stop <= self.n:
-            raise ValueError(f"positions [{start}, {stop}) outside [0, {self.n})")
+            raise ArgumentError(f"positions [{start}, {stop}) outside [0, {self.n})")
         return self.at(np.arange(start, stop, dtype=np.uint64))
 
     def at(self, pos: np.ndarray) -> np.ndarray:
         """Return the sample indices at the given positions (each < n) as a uint64 array."""
         pos = np.asarray(pos, dtype=np.uint64)
         if pos.size and int(pos.max()) >= self.n:
-            raise ValueError(f"position {int(pos.max())} outside [0, {self.n})")
+            raise ArgumentError(f"position {int(pos.max())} outside [0, {self.n})")
         if not self.shuffle:
             return pos
         out = self._encrypt(pos)

@@ -109,7 +109,7 @@ class ArrayOrder:
         """Return the sample indices at the given positions (each < n) as a uint64 array."""
         pos = np.asarray(pos, dtype=np.int64)
         if pos.size and (int(pos.max()) >= self.n or int(pos.min()) < 0):
-            raise ValueError(f"position outside [0, {self.n})")
+            raise ArgumentError(f"position outside [0, {self.n})")
         return self.indices()[pos]
 
 
@@ -142,7 +142,7 @@ class SubsetSampling(Sampling):
         """Raise ValueError when an index is outside ``[0, n)``."""
         if self.indices.size and int(self.indices.max()) >= n:
             bad = int(np.flatnonzero(self.indices >= n)[0])
-            raise ValueError(f"indices[{bad}] = {int(self.indices[bad])} is out of range for {n} samples")
+            raise ArgumentError(f"indices[{bad}] = {int(self.indices[bad])} is out of range for {n} samples")
 
     def epoch_order(self, seed: int, epoch: int, n: int, shuffle: bool) -> ArrayOrder:
         """Return ``indices[order_v1(seed, epoch, len(indices))]`` (or ``indices`` without shuffle)."""
@@ -184,7 +184,7 @@ class WeightedSampling(Sampling):
     def check(self, n: int) -> None:
         """Raise ValueError unless there is one weight per sample."""
         if len(self.weights) != n:
-            raise ValueError(f"sample_weights has {len(self.weights)} weights for a dataset of {n} samples")
+            raise ArgumentError(f"sample_weights has {len(self.weights)} weights for a dataset of {n} samples")
 
     @property
     def table(self) -> AliasTable:
@@ -250,7 +250,7 @@ class MixSampling(Sampling):
     def check(self, n: int) -> None:
         """Raise ValueError unless the dataset is the concatenation of the sources."""
         if n != int(self.offsets[-1]):
-            raise ValueError(f"a mixture of {sum(self.sizes)} samples over a dataset of {n}")
+            raise ArgumentError(f"a mixture of {sum(self.sizes)} samples over a dataset of {n}")
 
     def sources(self, seed: int, epoch: int) -> np.ndarray:
         """Return the source of every position of ``epoch`` (uint64), up to where it stops."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ArgumentError
+
 _U32 = np.uint32
 
 
@@ -18,7 +20,7 @@ def float32_to(x: np.ndarray, dtype: str) -> np.ndarray:
         rounded = (bits + _U32(0x7FFF) + ((bits >> _U32(16)) & _U32(1))) >> _U32(16)
         return np.where(nan, _U32(0x7FC0), rounded).astype(np.uint16)
     if dtype != "float16":
-        raise ValueError(f"float32_to: unsupported dtype {dtype}")
+        raise ArgumentError(f"float32_to: unsupported dtype {dtype}")
     sign = (bits >> _U32(16)) & _U32(0x8000)
     a = bits & _U32(0x7FFFFFFF)
     normal = (a - _U32(0x38000000) + _U32(0xFFF) + ((a >> _U32(13)) & _U32(1))) >> _U32(13)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import ArgumentError
 from ._floats import float32_to
 from ._spec import CONVERT, FILL, GATHER, NORMALIZE, RESIZE, SELECT, FieldState, Step, storage_dtype
 
@@ -137,7 +138,7 @@ def run_step(step: Step, x: np.ndarray, params: np.ndarray) -> np.ndarray:
             y32 = v * np.float32(step.scale)
         out = float32_to(y32, dst.dtype)
     else:
-        raise ValueError(f"unknown step kind {step.kind}")
+        raise ArgumentError(f"unknown step kind {step.kind}")
     return _from_nchw(out, dst)
 
 

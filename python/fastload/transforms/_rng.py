@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ArgumentError
+
 _U64 = np.uint64
 TRANSFORMS_VERSION = 1
 TRANSFORM_TAG = 0x7472616E73666F72  # ASCII "transfor": separates these keys from the epoch order's
@@ -41,7 +43,7 @@ def draw(keys: np.ndarray, k: int) -> np.ndarray:
 def randint(u: np.ndarray, n: int) -> np.ndarray:
     """Return ``floor((u >> 32) * n / 2^32)``: an integer in ``[0, n)`` for each draw; 1 <= n <= 2^32."""
     if not 1 <= n <= 2**32:
-        raise ValueError(f"randint: n={n} is outside [1, 2^32]")
+        raise ArgumentError(f"randint: n={n} is outside [1, 2^32]")
     return (((u >> _U64(32)) * _U64(n)) >> _U64(32)).astype(np.int64)
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ArgumentError
+
 # Dtype name -> code shared with csrc/transforms/kernels.h (the order is the contract).
 DTYPE_CODES = {"uint8": 0, "int8": 1, "uint16": 2, "int16": 3, "int32": 4, "int64": 5, "float16": 6,
                "float32": 7, "float64": 8, "bool": 9, "bfloat16": 10}
@@ -30,7 +32,7 @@ def dtype_name(dtype: Any) -> str:
     try:
         return np.dtype(dtype).name
     except TypeError:
-        raise ValueError(f"unknown dtype {dtype!r}") from None
+        raise ArgumentError(f"unknown dtype {dtype!r}") from None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,226 @@
+"""What a ``ShardLoader`` is asked for, grouped by concern: one small typed spec each, validated on its own.
+
+``ShardLoader.__init__`` keeps the flat keyword surface users write, as with
+``DataLoader``; it only builds these specs and composes them. A new option
+touches one spec (and its tests, tests/test_specs.py), not the constructor:
+
+- :class:`SourceSpec`: what is read (a path, a split of a root, a dataset, a
+  subset; which fields; checksums; shards outside the directory). The
+  object-storage options (a cache directory, its bound, storage options) will
+  join it.
+- :class:`OrderSpec`: batches and their order (batch size, shuffle, seed,
+  drop_last) and the sampling policy (subset indices, sample weights, mixtures).
+- :class:`DistributionSpec`: which rank reads what (rank, world size, even batches).
+- :class:`DeviceSpec`: where batches land (device, pinned memory).
+- :class:`ReadSpec`: who reads and how far ahead (backend, threads, prefetch,
+  the torch backend's workers and start method).
+
+Transforms and the output form are ``Augment`` (``_augment.py``), already one
+object of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import torch
+
+from ..errors import ArgumentError, ArgumentTypeError
+from ..format._splits import resolve_dataset_path
+from ._compose import ConcatShardDataset
+from ._dataset import ShardDataset
+from ._device import resolve_device
+from ._distributed import Topology, _positive_int
+from ._native_backend import NATIVE_IMPORT_ERROR
+from ._sampling_setup import make_sampling
+from ._subset import ShardSubset
+
+MAX_THREADS = 1024  # the most native threads, and batches in flight, a loader takes
+BACKEND_ENV = "FASTLOAD_BACKEND"
+Auto = Literal["auto"]
+
+PINNED_PREFETCH_BYTES = 32 * 2**20
+# Plain batches in flight: at least this many bytes (and this many batches at most). A worker
+# descheduled in the middle of a chunk holds back the oldest batch; the others keep decoding only
+# while later batches are queued, so the queue must hold more work than a scheduler time slice
+# when there are more threads than cores (small records: 200 us of work per batch).
+MIN_PREFETCH_BYTES = 64 * 2**20
+MAX_AUTO_PREFETCH = 64
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """What a loader reads: the opened dataset (fields selected) and the subset indices a ``ShardSubset`` brought."""
+
+    dataset: ShardDataset | ConcatShardDataset
+    indices: Any
+    verify_checksums: bool
+    allow_external_shards: bool
+
+    @classmethod
+    def build(cls, path_or_dataset: Any, split: str | None, fields: Any, verify_checksums: bool,
+              allow_external_shards: bool, indices: Any) -> SourceSpec:
+        """Open ``path_or_dataset`` (one ``split`` of a root, a dataset, a concatenation or a subset)."""
+        if split is not None:  # a dataset root with splits.json: pick one split's directory
+            if not isinstance(path_or_dataset, (str, os.PathLike)):
+                raise ArgumentError(
+                    f"split={split!r} needs a dataset root path, not a {type(path_or_dataset).__name__}")
+            path_or_dataset = resolve_dataset_path(path_or_dataset, split)
+        source = path_or_dataset
+        if isinstance(source, ShardSubset):
+            if indices is not None:
+                raise ArgumentError("pass indices= or a ShardSubset, not both")
+            indices = source.indices
+            source = source.dataset
+        dataset: ShardDataset | ConcatShardDataset
+        if isinstance(source, ShardDataset):
+            dataset = source if fields is None else ShardDataset(
+                source.path, fields, verify_checksums, allow_external_shards=source.allow_external_shards)
+        elif isinstance(source, ConcatShardDataset):
+            dataset = source if fields is None else source.with_fields(fields)
+        elif isinstance(source, (str, os.PathLike)):
+            dataset = ShardDataset(Path(source), fields, verify_checksums, allow_external_shards=allow_external_shards)
+        else:
+            raise ArgumentTypeError(f"expected a dataset directory or a ShardDataset (or a fastload.concat, mix or "
+                                    f"subset), not {type(path_or_dataset).__name__}")
+        return cls(dataset, indices, verify_checksums, bool(allow_external_shards))
+
+    @property
+    def sample_bytes(self) -> int:
+        """Return the decoded bytes of one sample (the fields read)."""
+        return sum(f.nbytes for f in self.dataset.fields)
+
+
+@dataclass(frozen=True)
+class OrderSpec:
+    """Batches and their order: batch size, shuffle, seed, drop_last, and the sampling policy."""
+
+    batch_size: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    sampling: Any  # _sampling_setup.make_sampling: the epoch order's policy
+
+    @staticmethod
+    def check_batch_size(batch_size: Any) -> int:
+        """Return ``batch_size`` after checking it is a positive integer in bounds (ArgumentError)."""
+        return _positive_int("batch_size", batch_size)
+
+    @classmethod
+    def build(cls, source: SourceSpec, batch_size: Any, shuffle: Any, seed: Any, drop_last: Any,
+              sample_weights: Any, num_samples: int | None, replacement: bool) -> OrderSpec:
+        """Check the order's parameters and make the sampling policy over ``source``."""
+        batch_size = cls.check_batch_size(batch_size)
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ArgumentError(f"seed must be an integer, not {seed!r}")
+        shuffle = bool(shuffle)
+        sampling = make_sampling(source.dataset, shuffle, source.indices, sample_weights, num_samples, replacement)
+        return cls(batch_size, shuffle, seed, bool(drop_last), sampling)
+
+
+@dataclass(frozen=True)
+class DistributionSpec:
+    """Which rank reads what: explicit rank and world size (or torch.distributed's), and even batches."""
+
+    topology: Topology
+    even_batches: bool
+
+    @classmethod
+    def build(cls, rank: int | None, world_size: int | None, even_batches: Any) -> DistributionSpec:
+        """Check explicit ``rank`` / ``world_size`` now (ArgumentError); ``None`` asks torch.distributed later."""
+        return cls(Topology(rank, world_size), bool(even_batches))
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Where batches land: a device (batches copied there one ahead) and whether host batches are pinned."""
+
+    device: torch.device | None
+    pin_memory: bool
+
+    @classmethod
+    def build(cls, device: str | torch.device | None, pin_memory: bool | str) -> DeviceSpec:
+        """Resolve ``device`` and ``pin_memory="auto"`` (pinned with a device or CUDA); refuse pinning without CUDA."""
+        resolved = resolve_device(device)
+        return cls(resolved, resolve_pin_memory(pin_memory, resolved))
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """Who reads and how far ahead: the backend, native threads and prefetch, the torch backend's workers."""
+
+    backend: str
+    num_threads: int
+    prefetch: int
+    num_workers: Union[int, Auto]
+    prefetch_factor: int | None
+    persistent_workers: bool
+    multiprocessing_context: str | None
+
+    @classmethod
+    def build(cls, backend: str, num_threads: Union[int, Auto], prefetch: Union[int, Auto],
+              num_workers: Union[int, Auto], prefetch_factor: int | None, persistent_workers: bool,
+              multiprocessing_context: str | None, batch_bytes: int, pin_memory: bool) -> ReadSpec:
+        """Check the reading parameters and resolve the ``"auto"`` ones for batches of ``batch_bytes``."""
+        threads = min(os.cpu_count() or 1, 8) if num_threads == "auto" else _positive_int(
+            "num_threads", num_threads, MAX_THREADS)
+        if prefetch == "auto":
+            ahead = auto_prefetch(threads, batch_bytes, pin_memory)
+        else:
+            ahead = _positive_int("prefetch", prefetch, MAX_THREADS)
+        if num_workers != "auto" and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
+                                      or not 0 <= num_workers <= MAX_THREADS):
+            raise ArgumentError(f"num_workers must be an integer in [0, {MAX_THREADS}] or 'auto', not {num_workers!r}")
+        if prefetch_factor is not None:
+            _positive_int("prefetch_factor", prefetch_factor, MAX_THREADS)
+        return cls(resolve_backend(backend), threads, ahead, num_workers, prefetch_factor, bool(persistent_workers),
+                   multiprocessing_context)
+
+
+def resolve_backend(backend: str) -> str:
+    """Return ``"native"`` or ``"torch"``: ``"auto"`` (or ``FASTLOAD_BACKEND``) picks native when it imports."""
+    if backend == "auto":
+        backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
+    if backend not in ("auto", "native", "torch"):
+        raise ArgumentError(f"backend must be 'auto', 'native' or 'torch', not {backend!r}")
+    if backend == "native" and NATIVE_IMPORT_ERROR is not None:
+        raise ImportError(f"backend='native' needs fastload._native, which failed to import: {NATIVE_IMPORT_ERROR}")
+    if backend == "auto":
+        if NATIVE_IMPORT_ERROR is None:
+            return "native"
+        warnings.warn(f"fastload: the native extension is not available ({NATIVE_IMPORT_ERROR}); "
+                      "falling back to backend='torch'", RuntimeWarning, stacklevel=4)
+        return "torch"
+    return backend
+
+
+def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool) -> int:
+    """Return ``prefetch="auto"``: batches in flight for this many threads and this batch size.
+
+    Plain memory: at least one batch per thread and 2, and at least 64 MiB of batches (up to
+    64 batches), so that small batches keep many threads busy. Pinned: one batch per thread,
+    no more than about 32 MiB of batches: page-locked memory is scarce and torch rounds each
+    pinned batch up to a power of two; with batches of a few MiB, two or three in flight keep
+    every thread busy, since all threads work on the oldest batch.
+    """
+    prefetch = max(2, num_threads)
+    if batch_bytes <= 0:
+        return prefetch
+    if pin_memory:
+        return min(prefetch, max(2, -(-PINNED_PREFETCH_BYTES // batch_bytes)))
+    return max(prefetch, min(MAX_AUTO_PREFETCH, -(-MIN_PREFETCH_BYTES // batch_bytes)))
+
+
+def resolve_pin_memory(pin_memory: bool | str, device: torch.device | None) -> bool:
+    """Return whether batches are pinned: ``"auto"`` pins with a device or CUDA; True needs CUDA."""
+    if pin_memory == "auto":
+        return device is not None or torch.cuda.is_available()
+    if not isinstance(pin_memory, bool):
+        raise ArgumentError(f"pin_memory must be True, False or 'auto', not {pin_memory!r}")
+    if pin_memory and not torch.cuda.is_available():
+        raise ArgumentError("pin_memory=True needs CUDA, which is not available; use pin_memory='auto' or False")
+    return pin_memory
