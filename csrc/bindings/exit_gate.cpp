@@ -13,6 +13,15 @@ namespace {
 // backend finishes the batch it is reading).
 constexpr auto kStepGrace = std::chrono::seconds(5);
 
+// How long begin_exit waits for threads that left a loader step to enter the
+// next one (where they park). A thread iterating a loader comes back within
+// microseconds; until it does, it may drop the batch it was handed, and torch
+// releases the GIL inside a tensor's deallocation (THPVariable_clear), so a
+// drop under way as finalization begins ends in pthread_exit unwinding through
+// torch's C++ frames (std::terminate). A thread that does not come back within
+// this time (it stopped iterating) is not waited for further.
+constexpr auto kBetweenStepsGrace = std::chrono::milliseconds(250);
+
 constexpr uint64_t kClosed = uint64_t{1} << 63;
 constexpr uint64_t kCountMask = kClosed - 1;
 
@@ -23,7 +32,27 @@ std::atomic<uint64_t> g_word{0};              // kClosed | threads between the g
 std::atomic<unsigned long> g_finalizer{0};    // the thread that ran begin_exit
 std::atomic<bool> g_gone{false};              // Py_FinalizeEx has finished
 std::atomic<int64_t> g_steps{0};              // threads inside a loader step, not parked
+std::atomic<int64_t> g_between{0};            // threads between two loader steps: not parked, not ended
 thread_local int t_step_depth = 0;            // this thread's nesting of loader steps
+
+// Whether this thread is counted in g_between; uncounted when the thread ends.
+struct BetweenSteps {
+  bool counted = false;
+  void mark() noexcept {
+    if (!counted) {
+      counted = true;
+      g_between.fetch_add(1);
+    }
+  }
+  void clear() noexcept {
+    if (counted) {
+      counted = false;
+      g_between.fetch_sub(1);
+    }
+  }
+  ~BetweenSteps() { clear(); }
+};
+thread_local BetweenSteps t_between;
 
 enum class Pass { kCounted, kFinalizer, kRefused };
 
@@ -56,15 +85,21 @@ void leave_step_count() noexcept {
 
 void begin_exit() noexcept {
   g_finalizer.store(PyThread_get_thread_ident());
+  t_between.clear();  // the finalizing thread never parks: not waited for
   g_word.fetch_or(kClosed);
   // Threads counted before the gate closed are waiting for the GIL: let them
   // have it (finalization must not begin while one waits). Threads inside a
   // loader step get a moment to reach the point where they park, so that they
-  // do not go on into code that drops the GIL as finalization begins.
+  // do not go on into code that drops the GIL as finalization begins; threads
+  // between two steps a shorter one to enter the next (and park there).
   PyThreadState* state = PyEval_SaveThread();
-  const auto deadline = std::chrono::steady_clock::now() + kStepGrace;
-  while ((g_word.load() & kCountMask) != 0 ||
-         (g_steps.load() > 0 && std::chrono::steady_clock::now() < deadline)) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool counted = (g_word.load() & kCountMask) != 0;
+    const bool stepping = g_steps.load() > 0 && now < start + kStepGrace;
+    const bool between = g_between.load() > 0 && now < start + kBetweenStepsGrace;
+    if (!counted && !stepping && !between) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   PyEval_RestoreThread(state);
@@ -76,6 +111,7 @@ void after_fork_in_child() noexcept {
   // holds the GIL (not counted) and may be inside a step.
   g_word.store(0);
   g_steps.store(t_step_depth > 0 ? 1 : 0);
+  g_between.store(t_between.counted ? 1 : 0);
 }
 
 void interpreter_gone() noexcept {
@@ -85,6 +121,7 @@ void interpreter_gone() noexcept {
 
 void park() noexcept {
   leave_step_count();
+  t_between.clear();
   for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
 }
 
@@ -111,6 +148,7 @@ GilForThisThread::~GilForThisThread() {
 void enter_step() noexcept {
   // With the GIL held, as begin_exit closes the gate: the check and the count
   // are not split by it.
+  t_between.clear();
   if (closed() && !is_finalizer()) {
     PyEval_SaveThread();
     park();
@@ -119,7 +157,10 @@ void enter_step() noexcept {
 }
 
 void leave_step() noexcept {
-  if (t_step_depth > 0 && --t_step_depth == 0) g_steps.fetch_sub(1);
+  if (t_step_depth > 0 && --t_step_depth == 0) {
+    g_steps.fetch_sub(1);
+    t_between.mark();
+  }
   if (closed() && !is_finalizer()) {
     PyEval_SaveThread();
     park();

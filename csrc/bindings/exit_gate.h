@@ -15,7 +15,10 @@
 // before CPython marks the runtime as finalizing. It closes the gate, lets the
 // threads already past the gate take the GIL and return (it releases the GIL
 // and waits for them), and gives threads inside a loader's next() a moment to
-// reach a point where they park. From then on a thread other than the
+// reach a point where they park, and threads between two loader steps (which
+// may be dropping a batch: torch releases the GIL inside a tensor's
+// deallocation) a shorter one to enter the next step, where they park. From
+// then on a thread other than the
 // finalizing one that would take the GIL through fastload parks for good
 // instead: it sleeps, holding nothing, until the process exits (as CPython
 // 3.14 does with such threads itself). A thread that needs the GIL only to
