@@ -27,7 +27,7 @@ FUZZ_CORPUS  := build/fuzz-corpus
 FUZZ_SECONDS ?= 600
 
 # (wheel and test-wheel: self-contained manylinux wheels, scripts/build_wheel.sh and scripts/test_wheel.sh)
-.PHONY: docs wheel test-wheel install system-deps demo test test-gpu test-asan test-cpp test-windows-core bench bench-quick lint clean fuzz fuzz-ci fuzz-build
+.PHONY: docs wheel test-wheel test-sdist install system-deps demo test test-gpu test-asan test-cpp test-windows-core bench bench-quick lint clean fuzz fuzz-ci fuzz-build
 
 install: $(VENV)/.installed
 
@@ -62,8 +62,16 @@ wheel:
 
 # The wheel in a fresh venv (only it, torch and the test dependencies): ldd shows no codec
 # library from the system, and the suite runs against it from outside the checkout.
+# The trainer tests (marker `slow`: Lightning, torchrun, each minutes of subprocesses that exercise no
+# more of the binary) run in `make test` only, to keep CI's time; FASTLOAD_PYTEST_MARKERS= runs all.
 test-wheel: wheel
-	PYTHON_BOOT=$(PYTHON_BOOT) TORCH_SPEC="$(TORCH_SPEC)" scripts/test_wheel.sh
+	PYTHON_BOOT=$(PYTHON_BOOT) TORCH_SPEC="$(TORCH_SPEC)" FASTLOAD_PYTEST_MARKERS="$${FASTLOAD_PYTEST_MARKERS-not slow}" \
+	    scripts/test_wheel.sh
+
+# The sdist built on a machine with a compiler but without the C libraries' -dev packages
+# (hidden from CMake): the extension links none from the system, and every codec round-trips.
+test-sdist:
+	PYTHON_BOOT=$(PYTHON_BOOT) TORCH_SPEC="$(TORCH_SPEC)" scripts/test_sdist.sh
 
 demo: install
 	$(PY) -m fastload.demo --output-dir demo-output

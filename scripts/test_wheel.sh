@@ -5,7 +5,8 @@
 # against the installed package, from a copy of tests/ outside the checkout.
 #
 #   TORCH_SPEC         the torch to install (default torch==2.13.0, as the Makefile)
-#   FASTLOAD_PYTEST    extra pytest arguments (default: the whole suite)
+#   FASTLOAD_PYTEST          pytest arguments (default: the whole suite, "tests -q")
+#   FASTLOAD_PYTEST_MARKERS  a marker expression to select with (-m), e.g. "not slow"; empty: none
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -62,6 +63,7 @@ import fastload
 def pytest_sessionstart(session):
     assert fastload.__file__.startswith("$VENV/"), fastload.__file__
 EOF
-# shellcheck disable=SC2086
-PYTHONPATH="$work/plugin" "$VENV/bin/pytest" -p installed_fastload -p no:cacheprovider --rootdir "$work" \
-  ${FASTLOAD_PYTEST:-tests -q}
+# shellcheck disable=SC2206
+args=(${FASTLOAD_PYTEST:-tests -q})
+if [ -n "${FASTLOAD_PYTEST_MARKERS:-}" ]; then args+=(-m "$FASTLOAD_PYTEST_MARKERS"); fi
+PYTHONPATH="$work/plugin" "$VENV/bin/pytest" -p installed_fastload -p no:cacheprovider --rootdir "$work" "${args[@]}"

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Tests the sdist as a machine with a compiler but without the C libraries' -dev packages
+# builds it (`make test-sdist`): builds the sdist, installs it into a fresh virtual
+# environment with the system's zstd, xxHash, lz4, libspng and TurboJPEG hidden from CMake
+# (every find_* ignores /usr and /usr/local), checks that the extension then loads none of
+# them from the system (FASTLOAD_THIRD_PARTY_FROM_SOURCE=AUTO built them from the pinned
+# source archives), and writes and reads a dataset with every codec through it.
+#
+#   TORCH_SPEC   the torch to install (default torch==2.13.0, as the Makefile)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY_BOOT=${PYTHON_BOOT:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+TOOLS=$ROOT/build/wheel-tools
+VENV=$ROOT/build/sdist-test-venv
+OUT=$ROOT/build/sdist
+
+[ -x "$TOOLS/bin/python" ] || "$PY_BOOT" -m venv "$TOOLS"
+"$TOOLS/bin/python" -m pip install -q "build==1.6.1"
+rm -rf "$OUT"
+"$TOOLS/bin/python" -m build --sdist -o "$OUT" . >/dev/null
+sdists=("$OUT"/fastload-*.tar.gz)
+echo "== sdist: ${sdists[0]} ($(du -k "${sdists[0]}" | cut -f1) KiB)"
+
+rm -rf "$VENV" build/sdist-build
+"$PY_BOOT" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+printf '%s\n' "$TORCH_SPEC" > "$VENV/torch-constraint.txt"
+"$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
+"$VENV/bin/python" -m pip install -q -c "$VENV/torch-constraint.txt" \
+  -C build-dir="$ROOT/build/sdist-build" \
+  -C cmake.define.CMAKE_IGNORE_PREFIX_PATH="/usr;/usr/local" \
+  -C cmake.define.CMAKE_SYSTEM_IGNORE_PREFIX_PATH="/usr;/usr/local" \
+  "${sdists[0]}"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+native=$("$VENV/bin/python" -c 'import fastload._native as n; print(n.__file__)')
+echo "== ldd $native"
+deps=$(LD_LIBRARY_PATH= ldd "$native")
+echo "$deps"
+if echo "$deps" | grep -E 'lib(zstd|xxhash|lz4|spng|turbojpeg)'; then
+  echo "test_sdist: the extension links a codec library from the system: the fallback did not build them" >&2
+  exit 1
+fi
+"$VENV/bin/python" - <<'PY'
+import numpy as np
+import fastload
+
+rng = np.random.default_rng(0)
+images = (np.indices((32, 32)).sum(0)[None, None] + rng.integers(0, 9, (40, 3, 32, 32))).astype(np.uint8)
+labels = np.arange(40, dtype=np.int64)
+for codec in ("raw", "zstd", "zstd-shuffle", "lz4", "lz4-shuffle", "png", "jpeg"):
+    out = f"ds-{codec}"
+    image_options = {"layout": "chw"} if codec in ("png", "jpeg") else {}
+    fastload.write_arrays(out, {"image": images, "label": labels}, codec={"image": codec},
+                          samples_per_shard=16, **image_options)
+    batch = next(iter(fastload.ShardLoader(out, batch_size=40, backend="native")))
+    got = batch["image"].numpy()
+    assert batch["label"].tolist() == labels.tolist(), codec
+    if codec == "jpeg":
+        assert np.abs(got.astype(int) - images).mean() < 8, codec
+    else:
+        assert np.array_equal(got, images), codec
+    same = next(iter(fastload.ShardLoader(out, batch_size=40, backend="torch", num_workers=0)))["image"].numpy()
+    assert np.array_equal(same, got), codec
+print("test_sdist: every codec writes and reads back through the extension built from the sdist")
+PY
