@@ -42,6 +42,9 @@ set(FASTLOAD_THIRD_PARTY_DOWNLOADS "${CMAKE_BINARY_DIR}/third-party-downloads" C
 # PATTERNS from it; sets <VAR> to the extracted top directory. pip reads an
 # sdist's metadata to download it: with BUILD_ISOLATION first, it installs the
 # sdist's build requirements for that (lz4's version comes from setuptools_scm).
+# `--no-binary NAME`, not `:all:`: only NAME must be the sdist; with `:all:` pip
+# also builds the sdist's build requirements from source in that environment
+# (CMake itself, with `make -j1`: half an hour in a wheel build).
 function(fastload_third_party_source VAR NAME VERSION SHA256)
   set(patterns ${ARGN})
   set(isolation --no-build-isolation)
@@ -59,14 +62,14 @@ function(fastload_third_party_source VAR NAME VERSION SHA256)
     execute_process(
       # (Without the variables of pip's isolated build environment, which hide pip itself.)
       COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
-              ${FASTLOAD_DOWNLOAD_PYTHON} -m pip download --quiet --no-deps --no-binary :all:
+              ${FASTLOAD_DOWNLOAD_PYTHON} -m pip download --quiet --no-deps --no-binary ${NAME}
               ${isolation} -d "${FASTLOAD_THIRD_PARTY_DOWNLOADS}" "${NAME}==${VERSION}"
       RESULT_VARIABLE rc)
     if(NOT rc EQUAL 0 AND isolation)
       # (A Python without setuptools and wheel reads the metadata in an isolated environment.)
       execute_process(
         COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
-                ${FASTLOAD_DOWNLOAD_PYTHON} -m pip download --quiet --no-deps --no-binary :all:
+                ${FASTLOAD_DOWNLOAD_PYTHON} -m pip download --quiet --no-deps --no-binary ${NAME}
                 -d "${FASTLOAD_THIRD_PARTY_DOWNLOADS}" "${NAME}==${VERSION}"
         RESULT_VARIABLE rc)
     endif()
