@@ -372,6 +372,13 @@ def _summary(results: list[WriteResult], elapsed: float) -> str:
             f"{source / 1e6 / max(elapsed, 1e-9):.1f} MB/s of source files")
 
 
+def _output_complete(args: argparse.Namespace) -> bool:
+    """Return whether the output is whole: its manifest, or with splits the root's splits.json (written last)."""
+    if args.val_fraction is not None:
+        return (args.output_dir / SPLITS_NAME).exists()
+    return (args.output_dir / MANIFEST_NAME).exists()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``preprocess_tiles`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -386,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preprocess_tiles: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if _output_complete(args):  # Ctrl-C after the last manifest was written: the run is done
+            print("preprocess_tiles: done (Ctrl-C arrived after the dataset was complete)", file=sys.stderr)
+            return 0
         print(f"preprocess_tiles: interrupted; completed shards are kept, continue with: "
               f"{_rerun(args.argv, '--resume')}", file=sys.stderr)
         return 130
