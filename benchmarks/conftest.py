@@ -107,3 +107,21 @@ def rounds(kind: str) -> dict:
     if QUICK:
         return {"rounds": 1, "warmup_rounds": 0}
     return {"rounds": 2, "warmup_rounds": 0} if kind == "spawn" else {"rounds": 5, "warmup_rounds": 1}
+
+
+# The figures every benchmark records (measure.extra_info), so that any two rows of a report compare.
+COMMON_FIGURES = ("samples_per_s", "mb_per_s", "first_batch_s", "peak_rss_mb", "cpu_s")
+
+
+@pytest.fixture(autouse=True)
+def records_common_figures(request):
+    """Fail a benchmark that ran without recording every one of COMMON_FIGURES in its extra_info."""
+    if "benchmark" not in request.fixturenames:
+        yield
+        return
+    bench = request.getfixturevalue("benchmark")
+    yield
+    if bench.stats is None:  # it did not run (skipped, or benchmarks disabled)
+        return
+    missing = [name for name in COMMON_FIGURES if name not in bench.extra_info]
+    assert not missing, f"{request.node.name} records no {', '.join(missing)} (measure.extra_info)"

@@ -116,9 +116,32 @@ def run_epoch(make_iter: Callable[[], Iterable], result: EpochResult) -> None:
     result.samples, result.checksum = samples, checksum
 
 
+def one_call_round(fn: Callable[[], object], samples: int, result: EpochResult) -> Callable[[], None]:
+    """Wrap a round that delivers all its output at once (a floor, a library decode pass) for ``pedantic``.
+
+    It records the same figures as :func:`run_epoch`: its first batch is the whole round (nothing is
+    usable before the call returns), and CPU is this process's (a floor starts no thread or process).
+    """
+    def round_() -> None:
+        cpu0 = time.process_time()
+        start = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - start
+        result.seconds.append(seconds)
+        result.first_batch.append(seconds)
+        result.cpu.append(time.process_time() - cpu0)
+        result.samples = samples
+
+    return round_
+
+
 def extra_info(result: EpochResult, sample_bytes: int, floor_samples_per_s: float | None,
                memory: MemorySampler | None) -> dict[str, float]:
-    """Return the ``extra_info`` pytest-benchmark records for one configuration."""
+    """Return the ``extra_info`` pytest-benchmark records for one configuration.
+
+    Every benchmark records these: samples_per_s, mb_per_s, first_batch_s, cpu_s (of the best round
+    each) and, with ``memory``, peak_rss_mb and peak_pss_mb (of the whole run of the configuration).
+    """
     best = min(result.seconds)
     rate = result.samples / best
     info = {"samples_per_s": rate, "mb_per_s": rate * sample_bytes / 1e6,

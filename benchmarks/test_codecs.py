@@ -30,6 +30,7 @@ import pytest
 import skimage.data
 from conftest import BATCH, SEED
 from datasets import CACHE, QUICK, smooth_noisy
+from measure import EpochResult, MemorySampler, extra_info, one_call_round, run_epoch
 
 import fastload
 from fastload import _native
@@ -147,13 +148,12 @@ def floor_rate(kind: str, codec: str) -> float:
     return memcpy_floor(kind)[1] if codec == "raw" else library_floor(kind, codec)[1]
 
 
-def record(benchmark, kind: str, codec: str, samples: int, extra: dict) -> float:
-    data = images(kind)
-    rate = samples / benchmark.stats.stats.min
-    sample_bytes = data[0].nbytes + 8
-    benchmark.extra_info.update({"samples_per_s": rate, "mb_per_s": rate * sample_bytes / 1e6,
-                                 "ratio_to_floor": rate / floor_rate(kind, codec), "codec": codec, **extra})
-    return rate
+def record(benchmark, kind: str, codec: str, result: EpochResult, memory: MemorySampler, extra: dict) -> float:
+    """Record the common figures (measure.extra_info) with the codec's floor and ``extra``; return samples/s."""
+    sample_bytes = images(kind)[0].nbytes + 8
+    benchmark.extra_info.update(extra_info(result, sample_bytes, floor_rate(kind, codec), memory))
+    benchmark.extra_info.update({"codec": codec, **extra})
+    return benchmark.extra_info["samples_per_s"]
 
 
 @pytest.mark.parametrize("threads", [1, 2], ids=["native-1t", "native-2t"])
@@ -162,16 +162,13 @@ def test_codec_epoch(benchmark, kind, codec, threads):
     w = written(kind, codec)
     loader = fastload.ShardLoader(w.path, batch_size=BATCH, shuffle=True, seed=SEED, num_threads=threads,
                                   backend="native")
-    seen = []
-
-    def epoch() -> None:
-        seen.append(sum(len(b["label"]) for b in loader))
-
+    result = EpochResult()
     benchmark.group = f"codecs-{kind}"
-    benchmark.pedantic(epoch, **ROUNDS)
-    record(benchmark, kind, codec, len(images(kind)), {"ratio": w.ratio, "convert_mb_s": w.convert_mb_s,
-                                                       "threads": threads})
-    assert seen[-1] == len(images(kind))
+    with MemorySampler() as memory:
+        benchmark.pedantic(lambda: run_epoch(lambda: loader, result), **ROUNDS)
+    record(benchmark, kind, codec, result, memory, {"ratio": w.ratio, "convert_mb_s": w.convert_mb_s,
+                                                    "threads": threads})
+    assert result.samples == len(images(kind))
 
 
 FLOOR_IDS = [f"codecs-{k}-floor-" + ("memcpy" if c == "raw" else f"{c}-library-1t") for k, c in CASES]
@@ -181,5 +178,7 @@ FLOOR_IDS = [f"codecs-{k}-floor-" + ("memcpy" if c == "raw" else f"{c}-library-1
 def test_codec_floor(benchmark, kind, codec):
     run = memcpy_floor(kind)[0] if codec == "raw" else library_floor(kind, codec)[0]
     benchmark.group = f"codecs-{kind}"
-    benchmark.pedantic(run, **ROUNDS)
-    assert record(benchmark, kind, codec, len(images(kind)), {}) > 0
+    result = EpochResult()
+    with MemorySampler() as memory:
+        benchmark.pedantic(one_call_round(run, len(images(kind)), result), **ROUNDS)
+    assert record(benchmark, kind, codec, result, memory, {}) > 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 from conftest import DATASETS
 from datasets import QUICK
+from measure import EpochResult, MemorySampler, extra_info, one_call_round
 
 FLOORS = {"floor-memcpy": "memcpy", "floor-decode-1t": "decode", "floor-lmdb-lookup": "lookup"}
 ROUNDS = {"rounds": 1} if QUICK else {"rounds": 5, "warmup_rounds": 1}
@@ -24,8 +25,9 @@ ROUNDS = {"rounds": 1} if QUICK else {"rounds": 5, "warmup_rounds": 1}
 def test_floor(benchmark, floors, ds, floor_name):
     floor = floors(ds)
     benchmark.group = ds.name
-    benchmark.pedantic(getattr(floor, "make_" + FLOORS[floor_name])(), **ROUNDS)
-    rate = ds.count / benchmark.stats.stats.min
-    benchmark.extra_info.update({"samples_per_s": rate, "mb_per_s": rate * ds.sample_bytes / 1e6,
-                                 "ratio_to_floor": rate / floor.for_codec(ds.codec)})
-    assert rate > 0
+    result = EpochResult()
+    with MemorySampler() as memory:
+        benchmark.pedantic(one_call_round(getattr(floor, "make_" + FLOORS[floor_name])(), ds.count, result),
+                           **ROUNDS)
+    benchmark.extra_info.update(extra_info(result, ds.sample_bytes, floor.for_codec(ds.codec), memory))
+    assert benchmark.extra_info["samples_per_s"] > 0

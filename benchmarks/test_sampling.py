@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from conftest import BATCH, SEED
 from datasets import all_datasets, ensure
+from measure import EpochResult, MemorySampler, extra_info, run_epoch
 
 import fastload
 from fastload import ShardLoader
@@ -69,10 +70,18 @@ def test_sampling(benchmark, ds, config):
     path = ensure(ds)
     loader = make(config, path)
     epochs = iter(range(1, 1000))
+    result = EpochResult()
     counted: list[int] = []
+
+    def epoch() -> None:
+        loader.set_epoch(next(epochs))
+        run_epoch(lambda: loader, result)
+        counted.append(result.samples)
+
     benchmark.group = f"sampling-{ds.name}"
-    benchmark.pedantic(lambda: counted.append(one_epoch(loader, next(epochs))), rounds=5, warmup_rounds=1)
-    benchmark.extra_info["samples_per_s"] = ds.count / benchmark.stats.stats.min
+    with MemorySampler() as memory:
+        benchmark.pedantic(epoch, rounds=5, warmup_rounds=1)
+    benchmark.extra_info.update(extra_info(result, ds.sample_bytes, None, memory))
     assert counted and all(c == ds.count for c in counted)
 
 
@@ -84,15 +93,25 @@ def test_sampling_overhead_interleaved(benchmark, ds):
     for c in CONFIGS:  # warm-up: page cache, thread start, alias table
         one_epoch(loaders[c], 0)
 
+    whole = EpochResult()  # the interleaved run as one round, for the figures every benchmark records
+
     def rounds() -> None:
+        epoch = EpochResult()
         for r in range(1, 16):
             for c in CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]:  # rotate who goes first
-                start = time.perf_counter()
-                assert one_epoch(loaders[c], r) == ds.count
-                times[c].append(time.perf_counter() - start)
+                loaders[c].set_epoch(r)
+                run_epoch(lambda c=c: loaders[c], epoch)
+                assert epoch.samples == ds.count
+                times[c].append(epoch.seconds[-1])
+        whole.samples = ds.count * len(epoch.seconds)
+        whole.seconds.append(sum(epoch.seconds))
+        whole.first_batch.append(epoch.first_batch[0])
+        whole.cpu.append(sum(epoch.cpu))
 
     benchmark.group = f"sampling-overhead-{ds.name}"
-    benchmark.pedantic(rounds, rounds=1, warmup_rounds=0)
+    with MemorySampler() as memory:
+        benchmark.pedantic(rounds, rounds=1, warmup_rounds=0)
+    benchmark.extra_info.update(extra_info(whole, ds.sample_bytes, None, memory))
     plain = statistics.median(times["plain"])
     for c in CONFIGS:
         median = statistics.median(times[c])

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
+import os
 import signal
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -33,7 +38,11 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
     terminal sends it to the whole process group), so none dies or unwinds
     halfway through sending a result (which wedged the result pipe and hung
     the run, or turned the Ctrl-C into a broken-pool error); they start with
-    SIGINT blocked, so that none is interrupted before it ignores it.
+    SIGINT blocked, so that none is interrupted before it ignores it. A
+    KeyboardInterrupt is held back while a ``submit`` forks workers (raised
+    halfway through, it left a worker forked but not recorded, so never
+    killed: it held the command's output pipes open for ever). On Linux a
+    worker also dies with the process that started it, however that ends.
     ``initializer(*initargs)`` runs once in each worker process (once in this
     process when ``workers <= 1``), e.g. to hand every worker a dataset once
     rather than with every task.
@@ -48,12 +57,17 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
                 yield None, err
         return
     window = 4 * workers
-    executor = ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(initializer, initargs))
+    context = multiprocessing.get_context()
+    # The kernel's parent-death signal follows the thread that forks: the main thread ends last.
+    die_with_parent = (threading.current_thread() is threading.main_thread()
+                       and context.get_start_method() == "fork")
+    executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
+                                   initargs=(os.getpid() if die_with_parent else None, initializer, initargs))
     pending: deque[Future[Any]] = deque()
     finished = False
     try:
         for args in arg_tuples:
-            with _sigint_blocked():  # a submit may start workers and the executor's threads
+            with _sigint_blocked(), _keyboard_interrupt_deferred():  # a submit may start workers and threads
                 pending.append(executor.submit(fn, *args))
             if len(pending) >= window:
                 yield _outcome(pending.popleft())
@@ -108,13 +122,53 @@ def _sigint_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _start_worker(initializer: Callable[..., None] | None, initargs: tuple) -> None:
-    """Worker start: ignore SIGINT (the consumer handles Ctrl-C and kills the workers), then unblock it."""
+@contextmanager
+def _keyboard_interrupt_deferred() -> Iterator[None]:
+    """Hold back a Ctrl-C's KeyboardInterrupt until the block ends, then raise it (in the main thread).
+
+    Blocking SIGINT in this thread is not enough: the kernel may hand the signal to another thread, whose
+    C handler marks it pending, and the main thread raises KeyboardInterrupt at its next bytecode whatever
+    its mask. Elsewhere than the main thread (where Python runs no signal handler), or with a handler that
+    is not Python's own, the block runs as it is.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _start_worker(parent: int | None, initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    """Worker start: ignore SIGINT (the consumer handles Ctrl-C and kills the workers), then unblock it.
+
+    With ``parent`` (its process id, when it forked the worker) on Linux, the worker is killed when that
+    process ends, however it ends (SIGKILL, a crash): it must not live on blocked on the task queue,
+    holding the parent's pipes.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if parent is not None and sys.platform.startswith("linux"):
+        _die_with_parent(parent)
     if initializer is not None:
         initializer(*initargs)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when ``parent`` ends (``prctl(PR_SET_PDEATHSIG)``); exit if it has."""
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # not fatal: the parent kills its workers on every exit path it sees
+    if os.getppid() != parent:  # it ended before the request took effect
+        os._exit(1)
 
 
 def _outcome(future: Future[T]) -> tuple[T | None, BaseException | None]:
