@@ -12,6 +12,18 @@ ASAN_PRELOAD = $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-
 ASAN_ENV     = PYTHONPATH=$(ASAN_SITE) LD_PRELOAD="$(ASAN_PRELOAD)" \
                ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
+# The tests that drive the native core (reading, decoding, transforms, hostile shards and parameters,
+# threads and process lifecycle): the sanitizer build runs them (ASAN_TESTS=tests: the whole suite),
+# and the wheel's run adds none of the CLI, conversion or trainer tests the source build already ran.
+NATIVE_TESTS := $(addprefix tests/test_,alias.py augment.py binding.py codecs.py corruption.py damage.py \
+    dataset.py device.py epochs.py exit_live_iterators.py format.py format_v2.py hostile_params.py \
+    lifecycle.py lifecycle_hostile.py limits.py loader.py manifest_bounds.py native_stub.py order.py plan.py \
+    png_profile.py sampling.py shard_files.py state.py transforms.py truncation.py typed_errors.py verify.py)
+ASAN_TESTS   ?= $(NATIVE_TESTS)
+# The wheel's own risks are its static C libraries and its toolchain: the codecs, the readers and the
+# SIGBUS guard, without the slowest lifecycle suites (FASTLOAD_PYTEST="tests -q" runs everything).
+WHEEL_TESTS  := $(filter-out tests/test_damage.py tests/test_lifecycle_hostile.py tests/test_exit_live_iterators.py,$(NATIVE_TESTS))
+
 FUZZ_PACKAGES := clang libclang-rt-dev
 SHARD_TEST_DIR := build/cross-test-shards
 
@@ -66,7 +78,7 @@ wheel:
 # more of the binary) run in `make test` only, to keep CI's time; FASTLOAD_PYTEST_MARKERS= runs all.
 test-wheel: wheel
 	PYTHON_BOOT=$(PYTHON_BOOT) TORCH_SPEC="$(TORCH_SPEC)" FASTLOAD_PYTEST_MARKERS="$${FASTLOAD_PYTEST_MARKERS-not slow}" \
-	    scripts/test_wheel.sh
+	    FASTLOAD_PYTEST="$${FASTLOAD_PYTEST-$(WHEEL_TESTS) -q}" scripts/test_wheel.sh
 
 # The sdist built on a machine with a compiler but without the C libraries' -dev packages
 # (hidden from CMake): the extension links none from the system, and every codec round-trips.
@@ -110,7 +122,7 @@ test-asan: install
 	$(PY) -m pip install -q --no-build-isolation --no-deps --upgrade --target $(ASAN_SITE) \
 	    -C build-dir=build/asan -C cmake.define.FASTLOAD_SANITIZE=ON -C cmake.build-type=Debug .
 	$(ASAN_ENV) $(PY) -c "import fastload._native as n; assert '$(ASAN_SITE)' in n.__file__, n.__file__"
-	$(ASAN_ENV) $(PY) -m pytest tests -m "not no_asan" -p no:cacheprovider
+	$(ASAN_ENV) $(PY) -m pytest $(ASAN_TESTS) -m "not no_asan" -p no:cacheprovider
 
 bench: install
 	$(PY) -m pytest benchmarks --benchmark-only --benchmark-json=benchmarks/results/latest.json

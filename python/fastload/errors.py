@@ -19,6 +19,8 @@ __all__ = [
     "FastloadWarning",
     "ImageReadError",
     "PreprocessError",
+    "RemoteError",
+    "RemoteNotFoundError",
     "SchemaMismatchError",
     "ShardNotFoundError",
     "SourceError",
@@ -116,3 +118,15 @@ class CorruptRecordError(FastloadError):
 
     def __reduce__(self):  # keeps the fields when raised in a DataLoader worker
         return (type(self), (self.path, self.record, self.reason))
+
+
+class RemoteError(DatasetError):
+    """Object storage failed or refused; the message names the URL, never a credential.
+
+    A server error after the retries, a dropped connection, no credentials, a refused permission, a
+    download that never matched its manifest, a cache that cannot hold what is needed, a full disk.
+    """
+
+
+class RemoteNotFoundError(RemoteError):
+    """An object (a manifest, a shard, a bucket) is not at the URL the message names."""

@@ -27,8 +27,11 @@ def write_splits(root: Path, splits: dict[str, dict[str, Any]], provenance: dict
                                            "provenance": provenance})
 
 
-def read_splits(root: str | os.PathLike) -> dict[str, dict[str, Any]] | None:
+def read_splits(root: str | os.PathLike, check_dirs: bool = True) -> dict[str, dict[str, Any]] | None:
     """Return the splits of a dataset root, or None when ``root`` has no ``splits.json``.
+
+    ``check_dirs=False`` leaves out the check that each split's directory exists (a remote root's
+    index, read from a copy: there each split's manifest is fetched next).
 
     The index is untrusted input, read as strictly as the manifest: every problem is a
     DatasetError naming ``splits.json`` and the key (``splits['val'].path: ...``).
@@ -41,12 +44,12 @@ def read_splits(root: str | os.PathLike) -> dict[str, dict[str, Any]] | None:
         raise DatasetError(f"{path}: unreadable splits index: {err}") from None
     doc = load_strict(path, MAX_SPLITS_BYTES, "splits index")
     try:
-        return _check_splits(doc, Path(root))
+        return _check_splits(doc, Path(root), check_dirs)
     except JsonProblem as err:
         raise DatasetError(f"{path}: invalid splits index: {err}") from None
 
 
-def _check_splits(doc: Any, root: Path) -> dict[str, dict[str, Any]]:
+def _check_splits(doc: Any, root: Path, check_dirs: bool = True) -> dict[str, dict[str, Any]]:
     if not isinstance(doc, dict) or doc.get("format") != "fastload-splits":
         raise JsonProblem("format", "not a fastload splits index (format 'fastload-splits')")
     splits = doc.get("splits")
@@ -70,7 +73,7 @@ def _check_splits(doc: Any, root: Path) -> dict[str, dict[str, Any]]:
         if sub in seen:
             raise JsonProblem(f"{where}.path", f"{sub!r} is also split {seen[sub]!r}'s directory")
         seen[sub] = name
-        if not (root / sub).is_dir():
+        if check_dirs and not (root / sub).is_dir():
             raise JsonProblem(f"{where}.path", f"{sub!r} is not a directory in {root}")
         for key in ("samples", "sources"):
             value = entry.get(key, 0)

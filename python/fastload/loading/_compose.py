@@ -31,8 +31,7 @@ DatasetLike = Union[str, os.PathLike, ShardDataset]
 
 def _open(item: DatasetLike, fields: Sequence[str] | None) -> ShardDataset:
     if isinstance(item, ShardDataset):
-        return item if fields is None else ShardDataset(item.path, fields, item.verify_checksums,
-                                                        allow_external_shards=item.allow_external_shards)
+        return item if fields is None else item.with_fields(fields, item.verify_checksums)
     if isinstance(item, (str, os.PathLike)):
         return ShardDataset(item, fields)
     raise ArgumentTypeError(f"expected a dataset directory or a ShardDataset, not {type(item).__name__}")

@@ -21,6 +21,7 @@ from ..format._manifest import Manifest, load_manifest
 from ..format._record import Field, max_sample_bytes
 from ..format._shard_files import check_shard_files
 from ..format._splits import resolve_dataset_path
+from ..storage import CachedDataset, RemoteSpec, is_remote, open_remote
 from ._subset import ShardSubset
 
 
@@ -89,11 +90,35 @@ class ShardDataset(torch.utils.data.Dataset):
     schema's dtype and shape. A shard whose real path leaves the dataset
     directory (a symbolic link out of it) is refused unless
     ``allow_external_shards`` is true.
+
+    ``path`` may be a URL of object storage (``s3://``, ``gs://``, ``az://``,
+    ``https://``; needs ``fastload[remote]``): the manifest is fetched and
+    checked, the shards are downloaded into ``cache_dir`` (default
+    ``$FASTLOAD_CACHE_DIR`` or the per-user cache), each checked against the
+    manifest's hash, never more than ``cache_limit`` bytes in all (an int or
+    a size such as ``"50GB"``), and the cached copy is read as a local one.
+    ``storage_options`` are obstore's settings (``endpoint``, ``region``,
+    ``allow_http``, credentials...) plus ``max_retries`` and
+    ``retry_timeout_s``; without them credentials come from the standard
+    places (``AWS_*`` variables, ``GOOGLE_APPLICATION_CREDENTIALS``, ...).
     """
 
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None,
                  verify_checksums: bool = True, split: str | None = None,
-                 allow_external_shards: bool = False) -> None:
+                 allow_external_shards: bool = False, storage_options: Any = None,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None) -> None:
+        self.url: str | None = None  # a remote dataset's URL (without secrets)
+        self._remote: tuple[str, RemoteSpec] | None = None
+        self._cached: CachedDataset | None = None
+        if is_remote(path):
+            assert isinstance(path, str)
+            spec = RemoteSpec.build(storage_options, cache_dir, cache_limit)
+            self._cached = open_remote(path, split, spec)
+            self.url, self._remote = self._cached.url, (self._cached.source_url, spec)
+            path, split = self._cached.path, None
+        elif storage_options is not None or cache_dir is not None or cache_limit is not None:
+            raise ArgumentError(f"storage_options, cache_dir and cache_limit are for a dataset in object storage "
+                                f"(s3://, gs://, az://, https://), not the local path {str(path)!r}")
         self.path = resolve_dataset_path(path, split)  # a root with splits.json needs split=
         self.manifest = load_manifest(self.path)
         self.allow_external_shards = bool(allow_external_shards)
@@ -179,9 +204,16 @@ class ShardDataset(torch.utils.data.Dataset):
         """
         return ShardSubset(self, indices)
 
+    def with_fields(self, fields: Sequence[str] | None, verify_checksums: bool) -> ShardDataset:
+        """Return this dataset reading ``fields`` (all when None), a remote one from the same cached copy."""
+        dataset = ShardDataset(self.path, fields, verify_checksums, allow_external_shards=self.allow_external_shards)
+        dataset.url, dataset._remote, dataset._cached = self.url, self._remote, self._cached
+        return dataset
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_envs"] = {}
+        state["_cached"] = None  # a lock of this process; the receiver takes its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -189,6 +221,12 @@ class ShardDataset(torch.utils.data.Dataset):
         if "_fingerprints" not in state:  # pickled before format v3: one schema fingerprint for every shard
             self.__dict__.pop("_fingerprint", None)
             self._fingerprints = self.manifest.record_fingerprints()
+        self.__dict__.setdefault("url", None)
+        self.__dict__.setdefault("_remote", None)
+        if self._remote is not None:  # held against eviction here too; fetched again where the cache lacks it
+            url, spec = self._remote
+            self._cached = open_remote(url, None, spec)
+            self.path = self._cached.path
 
     def close(self) -> None:
         """Unmap the shards this process opened (they open again on the next read)."""
@@ -196,4 +234,5 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in self.fields)
-        return f"ShardDataset({str(self.path)!r}, {len(self)} samples, {fields})"
+        where = self.url if self.url is not None else str(self.path)
+        return f"ShardDataset({where!r}, {len(self)} samples, {fields})"

@@ -82,6 +82,15 @@ class ShardLoader:
     is a pure function of ``(seed, epoch, position)``, so all of the above
     (backends, threads, ranks, resume) holds for it too.
 
+    ``path_or_dataset`` may be a URL of object storage (``s3://bucket/tiles``,
+    ``gs://``, ``az://``, ``https://``; ``pip install "fastload[remote]"``):
+    the shards are downloaded into ``cache_dir`` (bounded by ``cache_limit``,
+    e.g. ``"50GB"``), each checked against the manifest, and read as a local
+    copy: the same batches, bitwise. ``storage_options`` configure the store
+    (``endpoint``, ``region``, ``allow_http`` for a plain-http server,
+    credentials, ``max_retries``, ``retry_timeout_s``); by default credentials
+    come from the environment. See docs/remote.md.
+
     ``multiprocessing_context`` is the start method of ``backend="torch"``'s
     workers: ``None`` forks on Linux and takes the platform's default
     elsewhere (``spawn`` on Windows and macOS); ``"spawn"`` starts them as
@@ -119,10 +128,15 @@ class ShardLoader:
         batch_transform: BatchTransform | None = None,
         output: Sequence[str] | None = None,
         multiprocessing_context: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         # The constructor only validates and groups (one spec per concern, _specs.py), then composes them.
         OrderSpec.check_batch_size(batch_size)  # before the dataset is opened, as a DataLoader would
-        source = SourceSpec.build(path_or_dataset, split, fields, verify_checksums, allow_external_shards, indices)
+        source = SourceSpec.build(path_or_dataset, split, fields, verify_checksums, allow_external_shards, indices,
+                                  {"storage_options": storage_options, "cache_dir": cache_dir,
+                                   "cache_limit": cache_limit})
         indices = source.indices  # a ShardSubset's, when one was passed
         order = OrderSpec.build(source, batch_size, shuffle, seed, drop_last, sample_weights, num_samples,
                                 replacement)
@@ -436,7 +450,8 @@ class ShardLoader:
     def __repr__(self) -> str:
         topology = "from torch.distributed" if not self._topology.explicit else (
             f"rank={self._topology.rank}, world_size={self._topology.world_size}")
-        what = repr(str(self.dataset.path)) if isinstance(self.dataset, ShardDataset) else repr(self.dataset)
+        what = repr(self.dataset.url or str(self.dataset.path)) if isinstance(self.dataset, ShardDataset) else (
+            repr(self.dataset))
         return (f"ShardLoader({what}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
                 f"seed={self.seed}, backend={self.backend!r}, num_threads={self.num_threads}, {topology})")
 

@@ -31,6 +31,7 @@ import torch
 
 from ..errors import ArgumentError, ArgumentTypeError
 from ..format._splits import resolve_dataset_path
+from ..storage import is_remote
 from ._compose import ConcatShardDataset
 from ._dataset import ShardDataset
 from ._device import resolve_device
@@ -63,8 +64,19 @@ class SourceSpec:
 
     @classmethod
     def build(cls, path_or_dataset: Any, split: str | None, fields: Any, verify_checksums: bool,
-              allow_external_shards: bool, indices: Any) -> SourceSpec:
-        """Open ``path_or_dataset`` (one ``split`` of a root, a dataset, a concatenation or a subset)."""
+              allow_external_shards: bool, indices: Any, storage: dict[str, Any] | None = None) -> SourceSpec:
+        """Open ``path_or_dataset`` (one ``split`` of a root, a dataset, a concatenation or a subset).
+
+        ``storage`` holds ``storage_options``, ``cache_dir`` and ``cache_limit`` for a URL of object storage.
+        """
+        storage = {k: v for k, v in (storage or {}).items() if v is not None}
+        if is_remote(path_or_dataset):  # the split, the download and the cache: ShardDataset's
+            remote = ShardDataset(path_or_dataset, fields, verify_checksums, split=split,
+                                  allow_external_shards=allow_external_shards, **storage)
+            return cls(remote, indices, verify_checksums, bool(allow_external_shards))
+        if storage:
+            raise ArgumentError(f"{', '.join(sorted(storage))}: only for a dataset in object storage (s3://, gs://, "
+                                f"az://, https://), not {type(path_or_dataset).__name__} {path_or_dataset!r}")
         if split is not None:  # a dataset root with splits.json: pick one split's directory
             if not isinstance(path_or_dataset, (str, os.PathLike)):
                 raise ArgumentError(
@@ -78,8 +90,7 @@ class SourceSpec:
             source = source.dataset
         dataset: ShardDataset | ConcatShardDataset
         if isinstance(source, ShardDataset):
-            dataset = source if fields is None else ShardDataset(
-                source.path, fields, verify_checksums, allow_external_shards=source.allow_external_shards)
+            dataset = source if fields is None else source.with_fields(fields, verify_checksums)
         elif isinstance(source, ConcatShardDataset):
             dataset = source if fields is None else source.with_fields(fields)
         elif isinstance(source, (str, os.PathLike)):

@@ -9,10 +9,16 @@ from pathlib import Path
 from ..format._codecs import CODECS
 from ..format._manifest import load_manifest
 from ..format._splits import read_splits
+from ..storage import RemoteSpec, is_remote, open_remote, redact, remote_splits
 
 
 def describe_dataset(directory: str | os.PathLike) -> str:
-    """Return a human-readable summary of a dataset, or of every split of a root with ``splits.json``."""
+    """Return a human-readable summary of a dataset, or of every split of a root with ``splits.json``.
+
+    ``directory`` may be a URL of object storage: only its manifests are fetched (into the cache).
+    """
+    if is_remote(directory):
+        return _describe_remote(str(directory))
     splits = read_splits(directory)
     if splits is None:
         return _describe_one(Path(directory))
@@ -27,12 +33,26 @@ def describe_dataset(directory: str | os.PathLike) -> str:
     return "\n".join(lines)
 
 
-def _describe_one(directory: Path) -> str:
+def _describe_remote(url: str) -> str:
+    spec = RemoteSpec.build(None, None, None)
+    splits = remote_splits(url, spec)
+    targets = {None: url} if splits is None else splits
+    parts = [] if splits is None else [f"dataset root {redact(url)}: splits {', '.join(splits)}"]
+    for name, split_url in targets.items():
+        cached = open_remote(split_url, None, spec, shards=False)
+        text = _describe_one(cached.path, shown=cached.url)
+        parts.append(text if name is None else f"[{name}] {text}")
+        cached.release()
+    return "\n".join(parts)
+
+
+def _describe_one(directory: Path, shown: str | None = None) -> str:
     m = load_manifest(directory)
     shard_bytes = sum(s.bytes for s in m.shards)
     decoded = m.total * sum(f.nbytes for f in m.fields)
     identity = f", dataset id {m.dataset_id}" if m.format_version >= 3 else " (shards not bound to the dataset)"
-    lines = [f"dataset {directory}", f"  format version {m.format_version}{identity}, fingerprint {m.fingerprint}",
+    lines = [f"dataset {shown or directory}",
+             f"  format version {m.format_version}{identity}, fingerprint {m.fingerprint}",
              f"  {m.total} samples in {len(m.shards)} shards, {shard_bytes / 1e6:.2f} MB on disk, "
              f"{decoded / 1e6:.2f} MB decoded" + (f" (ratio {decoded / shard_bytes:.2f}x)" if shard_bytes else ""),
              "  fields:"]

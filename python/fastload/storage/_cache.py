@@ -1,0 +1,207 @@
+"""The local cache of remote datasets: where it is, how large it may grow, and filling it safely.
+
+Layout: ``<cache_dir>/<name>-<hash of the URL>/<hash of the manifest>/`` holds one remote dataset as
+a local one (its ``manifest.json`` and shard files under their manifest names), so everything that
+reads a local dataset reads it unchanged. A new manifest at the same URL (the dataset rewritten) gets
+a directory of its own; shards are never mixed across versions.
+
+Trust: a file appears under its final name only after its bytes matched the manifest's size and
+``xxh3-128`` hash (downloaded to ``<name>.part-<pid>``, checked, fsynced, renamed). A torn download (a
+crash, Ctrl-C, a full disk) leaves only a ``.part`` file, which the next holder of the lock deletes.
+
+Sharing: processes on one node (ranks, DataLoader workers) share the cache. Filling it is serialised
+by the cache-wide lock ``.fastload-cache.lock`` (one process downloads, the others then find the
+files); a process reading a dataset holds a shared lock on ``<version dir>/.readers.lock`` for as long
+as it reads, and eviction deletes only versions whose readers lock it can take exclusively, so a shard
+being read is never deleted or replaced under a reader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import xxhash
+
+from ..errors import ArgumentError, ArgumentTypeError, RemoteError
+from ..format._manifest import HASH_ALGORITHM, ShardInfo
+from ._client import RemoteRoot
+from ._locks import FileLock
+
+CACHE_DIR_ENV = "FASTLOAD_CACHE_DIR"
+CACHE_LOCK_NAME = ".fastload-cache.lock"
+READERS_LOCK_NAME = ".readers.lock"
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def default_cache_dir() -> Path:
+    """Return ``$FASTLOAD_CACHE_DIR``, else the per-user cache directory's ``fastload`` folder."""
+    env = os.environ.get(CACHE_DIR_ENV)
+    if env:
+        return Path(env)
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+        return base / "fastload" / "cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "fastload"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastload"
+
+
+def parse_cache_limit(limit: int | str | None) -> int | None:
+    """Return ``cache_limit`` in bytes: None (unbounded), an int of bytes, or a string such as ``"50GB"``."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool):
+        raise ArgumentTypeError(f"cache_limit must be bytes (an int) or a size such as '50GB', not {limit!r}")
+    if isinstance(limit, int):
+        value = limit
+    elif isinstance(limit, str):
+        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]+)\s*", limit)
+        if match is None or match.group(2).upper() not in _UNITS:
+            raise ArgumentError(f"cache_limit={limit!r} is not a size; write e.g. '50GB', '512MiB' or bytes as an int")
+        value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    else:
+        raise ArgumentTypeError(f"cache_limit must be bytes (an int) or a size such as '50GB', not "
+                                f"{type(limit).__name__}")
+    if value <= 0:
+        raise ArgumentError(f"cache_limit must be positive, not {limit!r}")
+    return value
+
+
+def version_dir(cache_dir: Path, url: str, manifest_bytes: bytes) -> Path:
+    """Return the cache directory of one version (URL and manifest) of a remote dataset."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", url.split("://", 1)[-1]).strip("-.")[-48:] or "dataset"
+    url_key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return cache_dir / f"{name}-{url_key}" / hashlib.sha256(manifest_bytes).hexdigest()[:16]
+
+
+def cache_lock(cache_dir: Path) -> FileLock:
+    """Take the cache-wide lock (blocking): one process fills or evicts at a time."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        return FileLock(cache_dir / CACHE_LOCK_NAME, exclusive=True)
+    except OSError as err:
+        raise RemoteError(f"cache directory {cache_dir}: {err.strerror or err}") from None
+
+
+def hold_for_reading(version: Path) -> FileLock:
+    """Take a shared lock on a cached version: eviction leaves it alone while the lock is held."""
+    return FileLock(version / READERS_LOCK_NAME, exclusive=False)
+
+
+def cached_bytes(cache_dir: Path) -> int:
+    """Return the bytes of every file in the cache (downloads in progress included)."""
+    total = 0
+    for dirpath, _, files in os.walk(cache_dir):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_size
+            except OSError:  # removed meanwhile
+                pass
+    return total
+
+
+def make_room(cache_dir: Path, needed: int, limit: int | None, keep: Path) -> None:
+    """Evict cached versions nobody reads, least recently used first, until ``needed`` more bytes fit ``limit``.
+
+    Call with the cache lock held. ``keep`` (the version being filled) is never evicted. Raise
+    RemoteError when the versions in use leave too little room.
+    """
+    if limit is None:
+        return
+    if needed > limit:
+        raise RemoteError(f"cache_limit={limit} bytes cannot hold the {needed} bytes of shards this dataset reads "
+                          f"(cache {cache_dir}); raise cache_limit or leave it unset")
+    used = cached_bytes(cache_dir)
+    if used + needed <= limit:
+        return
+    versions = sorted((v for d in cache_dir.iterdir() if d.is_dir() for v in d.iterdir() if v.is_dir()),
+                      key=_last_used)
+    for version in versions:
+        if used + needed <= limit:
+            return
+        if version == keep:
+            continue
+        lock = FileLock.try_exclusive(version / READERS_LOCK_NAME)
+        if lock is None:  # being read
+            continue
+        with lock:
+            size = cached_bytes(version)
+            shutil.rmtree(version, ignore_errors=True)
+        used -= size
+    if used + needed > limit:
+        raise RemoteError(f"cache {cache_dir}: cache_limit={limit} bytes; {used} bytes are held by datasets in use "
+                          f"and {needed} more are needed")
+
+
+def _last_used(version: Path) -> float:
+    try:
+        return (version / READERS_LOCK_NAME).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int = 2,
+                progress: Callable[[int], None] | None = None) -> Path:
+    """Return the cached shard, downloading it first when absent; its bytes always match the manifest.
+
+    Call with the cache lock held. A download that does not match (truncated, corrupt, the object
+    replaced) is fetched again, ``attempts`` times in all, then a RemoteError names the URL.
+    """
+    dest = version / shard.file
+    if dest.is_file() and dest.stat().st_size == shard.bytes:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(dest.name + ".part-*"):  # torn downloads of a process that ended
+        stale.unlink(missing_ok=True)
+    problem = ""
+    for _ in range(attempts):
+        problem = _download(root, shard, dest, progress)
+        if not problem:
+            return dest
+    raise RemoteError(f"{root.url_of(shard.file)}: {problem} (downloaded {attempts} times); the object does not "
+                      f"match its dataset's manifest")
+
+
+def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, progress: Callable[[int], None] | None) -> str:
+    """Download ``shard`` to ``dest`` (atomically); return '' when its size and hash match, else the problem."""
+    part = dest.with_name(f"{dest.name}.part-{os.getpid()}")
+    digest = xxhash.xxh3_128()
+    size = 0
+    try:
+        with open(part, "wb") as f:
+            for chunk in root.stream(shard.file):
+                size += len(chunk)
+                if size > shard.bytes:
+                    return f"more than the manifest's {shard.bytes} bytes"
+                digest.update(chunk)
+                f.write(chunk)
+                if progress is not None:
+                    progress(len(chunk))
+            f.flush()
+            os.fsync(f.fileno())
+        if size != shard.bytes:
+            return f"{size} bytes, the manifest says {shard.bytes}"
+        if f"{HASH_ALGORITHM}:{digest.hexdigest()}" != shard.hash:
+            return "content hash differs from the manifest's"
+        os.replace(part, dest)
+        return ""
+    except OSError as err:  # the cache's disk: full, read-only, gone
+        raise RemoteError(f"cache file {part}: {err.strerror or err} (downloading {root.url_of(shard.file)})") from None
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def touch(path: Path) -> None:
+    """Mark a cached version as used now (eviction takes the least recently used first)."""
+    try:
+        os.utime(path, (time.time(), time.time()))
+    except OSError:
+        pass

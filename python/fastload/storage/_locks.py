@@ -1,0 +1,84 @@
+"""Advisory file locks between the processes that share one cache (flock on POSIX, msvcrt on Windows)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..errors import RemoteError
+
+
+class FileLock:
+    """A lock on ``path`` (created if missing), shared or exclusive; released by ``release`` or ``with``.
+
+    The kernel drops it when the process ends, however it ends, so a crashed or killed process never
+    leaves the cache locked.
+    """
+
+    def __init__(self, path: Path, exclusive: bool, blocking: bool = True) -> None:
+        self.path = path
+        self._fd: int | None = None
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not _lock(fd, exclusive, blocking):
+                raise BlockingIOError(f"{path} is locked")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    @classmethod
+    def try_exclusive(cls, path: Path) -> FileLock | None:
+        """Return an exclusive lock on ``path``, or None when another process holds any lock on it."""
+        try:
+            return cls(path, exclusive=True, blocking=False)
+        except BlockingIOError:
+            return None
+
+    def release(self) -> None:
+        """Release the lock (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor drops the flock
+
+    def __enter__(self) -> FileLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
+
+
+if sys.platform == "win32":
+    import msvcrt
+
+    def _lock(fd: int, exclusive: bool, blocking: bool) -> bool:
+        # msvcrt has no shared lock: a reader's holds nothing (Windows refuses to delete a file that is
+        # open or mapped, which is what keeps an evictor off it there).
+        if not exclusive:
+            return True
+        deadline = time.monotonic() + 3600
+        while True:
+            try:
+                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+                return True
+            except OSError:
+                if not blocking:
+                    return False
+                if time.monotonic() > deadline:
+                    raise RemoteError(f"cache lock {fd}: held by another process for an hour") from None
+                time.sleep(0.05)
+else:
+    import fcntl
+
+    def _lock(fd: int, exclusive: bool, blocking: bool) -> bool:
+        flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, flags)
+        except BlockingIOError:
+            return False
+        return True

@@ -1,0 +1,148 @@
+"""Opening a dataset in object storage: its manifest, its split index, and its shards into the cache."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import DatasetError, RemoteError
+from ..format._manifest import MANIFEST_NAME, ShardInfo, load_manifest
+from ..format._manifest_check import MAX_MANIFEST_BYTES
+from ..format._splits import MAX_SPLITS_BYTES, SPLITS_NAME, read_splits
+from ._cache import (
+    READERS_LOCK_NAME,
+    cache_lock,
+    default_cache_dir,
+    fetch_shard,
+    hold_for_reading,
+    make_room,
+    parse_cache_limit,
+    touch,
+    version_dir,
+)
+from ._client import RemoteRoot, StorageOptions
+from ._locks import FileLock
+from ._urls import join_url, redact
+
+DOWNLOAD_THREADS = 8  # concurrent shard downloads (obstore releases the GIL)
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """Where a remote dataset is cached and how its storage is reached (the loader's storage options)."""
+
+    storage_options: StorageOptions
+    cache_dir: Path
+    cache_limit: int | None
+
+    @classmethod
+    def build(cls, storage_options: Mapping[str, Any] | None, cache_dir: str | os.PathLike | None,
+              cache_limit: int | str | None) -> RemoteSpec:
+        """Check and group the storage arguments of ``ShardDataset`` / ``ShardLoader``."""
+        directory = default_cache_dir() if cache_dir is None else Path(cache_dir)
+        return cls(StorageOptions.build(storage_options), directory, parse_cache_limit(cache_limit))
+
+
+class CachedDataset:
+    """A remote dataset's version in the local cache, shards downloaded, held against eviction while alive."""
+
+    def __init__(self, source_url: str, path: Path, reading: FileLock) -> None:
+        self.source_url = source_url  # as given (one split's): it may hold a token, so it is never shown
+        self.url = redact(source_url)
+        self.path = path
+        self._reading = reading
+
+    def release(self) -> None:
+        """Let eviction take this version again."""
+        self._reading.release()
+
+
+def remote_splits(url: str, spec: RemoteSpec) -> dict[str, str] | None:
+    """Return split name -> URL for a root with ``splits.json`` (validated as a local one), else None."""
+    root = RemoteRoot(url, spec.storage_options)
+    if not root.exists(SPLITS_NAME):
+        return None
+    with tempfile.TemporaryDirectory(prefix="fastload-splits-") as tmp:
+        Path(tmp, SPLITS_NAME).write_bytes(root.read_bytes(SPLITS_NAME, MAX_SPLITS_BYTES))
+        try:
+            splits = read_splits(tmp, check_dirs=False)
+        except DatasetError as err:
+            raise DatasetError(str(err).replace(tmp, redact(url))) from None
+    assert splits is not None
+    return {name: join_url(url, str(entry["path"])) for name, entry in splits.items()}
+
+
+def resolve_remote_split(url: str, split: str | None, spec: RemoteSpec) -> str:
+    """Return the URL of the dataset meant by ``url`` and ``split`` (a root with ``splits.json`` needs one)."""
+    splits = remote_splits(url, spec)
+    if splits is None:
+        if split is not None:
+            raise DatasetError(f"{redact(url)}: split={split!r} given, but this is not a dataset root with splits "
+                               f"(no {SPLITS_NAME})")
+        return url
+    if split is None:
+        raise DatasetError(f"{redact(url)}: a dataset root with splits {', '.join(map(repr, splits))}; pass split= "
+                           f"one of them (e.g. split={next(iter(splits))!r})")
+    if split not in splits:
+        raise DatasetError(f"{redact(url)}: no split {split!r}; the splits are {list(splits)}")
+    return splits[split]
+
+
+def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = True) -> CachedDataset:
+    """Return the dataset at ``url`` (one ``split`` of a root) as a local directory in the cache.
+
+    The manifest is fetched and validated first (a missing object, no credentials or a refused
+    permission fail here, naming the URL, before any shard is fetched); then (with ``shards``) the
+    shards missing from the cache are downloaded, several at once, each checked against the manifest.
+    """
+    url = resolve_remote_split(url, split, spec)
+    root = RemoteRoot(url, spec.storage_options)
+    manifest_bytes = root.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    version = version_dir(spec.cache_dir, url, manifest_bytes)
+    with cache_lock(spec.cache_dir):
+        try:
+            version.mkdir(parents=True, exist_ok=True)
+            if not (version / MANIFEST_NAME).is_file():
+                part = version / f".{MANIFEST_NAME}.part-{os.getpid()}"
+                part.write_bytes(manifest_bytes)
+                os.replace(part, version / MANIFEST_NAME)
+        except OSError as err:
+            raise RemoteError(f"cache directory {version}: {err.strerror or err}") from None
+        try:
+            manifest = load_manifest(version)
+        except DatasetError as err:
+            raise DatasetError(f"{redact(url)}: {err}") from None
+        reading = hold_for_reading(version)
+        try:
+            missing = [s for s in manifest.shards if shards and not _cached(version / s.file, s.bytes)]
+            make_room(spec.cache_dir, sum(s.bytes for s in missing), spec.cache_limit, version)
+            touch(version / READERS_LOCK_NAME)
+            _download_all(root, version, missing)
+        except BaseException:
+            reading.release()
+            raise
+    return CachedDataset(url, version, reading)
+
+
+def _cached(path: Path, size: int) -> bool:
+    try:
+        return path.is_file() and path.stat().st_size == size
+    except OSError:
+        return False
+
+
+def _download_all(root: RemoteRoot, version: Path, shards: list[ShardInfo]) -> None:
+    """Download ``shards`` into ``version``, several at once; on the first error (or Ctrl-C) start no more."""
+    if not shards:
+        return
+    pool = ThreadPoolExecutor(min(DOWNLOAD_THREADS, len(shards)), thread_name_prefix="fastload-download")
+    try:
+        for future in [pool.submit(fetch_shard, root, version, shard) for shard in shards]:
+            future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # the ones running end their request; .part files go

@@ -1,0 +1,39 @@
+"""Dataset URLs: which paths are remote, joining keys onto them, and showing them without secrets."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit, urlunsplit
+
+from ..errors import DatasetError
+
+# The schemes obstore's from_url understands that fastload accepts as dataset locations.
+REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure", "http", "https")
+
+
+def is_remote(path: object) -> bool:
+    """Return whether ``path`` is a URL of object storage (``s3://``, ``gs://``, ``az://``, ``https://``...)."""
+    if isinstance(path, os.PathLike) or not isinstance(path, str):
+        return False
+    scheme, sep, _ = path.partition("://")
+    return bool(sep) and scheme.lower() in REMOTE_SCHEMES
+
+
+def join_url(url: str, relpath: str) -> str:
+    """Return ``url`` with the relative, '/'-separated ``relpath`` appended (no '..', no absolute part)."""
+    parts = [p for p in relpath.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts) or relpath.startswith("/"):
+        raise DatasetError(f"{redact(url)}: {relpath[:80]!r} leaves the dataset")
+    return url.rstrip("/") + "/" + "/".join(parts)
+
+
+def redact(url: str) -> str:
+    """Return ``url`` without user information or query (where presigned URLs and SAS tokens put secrets)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))

@@ -1,0 +1,291 @@
+"""Datasets in object storage: the S3 protocol through moto's server, started here on 127.0.0.1.
+
+No mock of the client library: obstore talks HTTP to a real S3-protocol server. What is checked is
+the promise: the same batches as a local copy for any backend and thread count; a cache that is
+trusted only after the manifest's hash matched, shared by processes, bounded by cache_limit; typed
+errors naming the URL (never a credential) for what is missing, corrupt or unreachable; a state
+that resumes from another cache directory.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload.errors import ArgumentError, RemoteError, RemoteNotFoundError
+from fastload.storage._cache import parse_cache_limit
+
+moto_server = pytest.importorskip("moto.server", reason="the S3 test server (moto[server]) is not installed")
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("obstore", reason="fastload[remote] (obstore) is not installed")
+
+SECRET = "SECRET-do-not-show-42"
+BUCKET = "fastload-tests"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on 127.0.0.1 (a free port): (endpoint URL, boto3 client, storage_options for it)."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="tester", aws_secret_access_key=SECRET,
+                          region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    options = {"endpoint": endpoint, "access_key_id": "tester", "secret_access_key": SECRET, "region": "us-east-1",
+               "allow_http": True, "max_retries": 1, "retry_timeout_s": 5}
+    yield endpoint, client, options
+    server.stop()
+
+
+def upload(client, local: Path, prefix: str) -> str:
+    """Upload every file under ``local`` to ``s3://BUCKET/prefix/``; return that URL."""
+    for path in sorted(local.rglob("*")):
+        if path.is_file() and not path.name.startswith("."):
+            client.upload_file(str(path), BUCKET, f"{prefix}/{path.relative_to(local).as_posix()}")
+    return f"s3://{BUCKET}/{prefix}"
+
+
+@pytest.fixture(scope="module")
+def tiles(tmp_path_factory, s3):
+    """A 700-sample dataset (zstd images, 11 shards), local and uploaded: (local path, URL)."""
+    _, client, _ = s3
+    local = tmp_path_factory.mktemp("tiles") / "ds"
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 255, (700, 3, 12, 12), dtype=np.uint8)
+    fastload.write_arrays(local, {"image": images, "label": np.arange(700) % 7}, codec={"image": "zstd"},
+                          samples_per_shard=64)
+    return local, upload(client, local, "tiles")
+
+
+def batches(loader) -> list[dict[str, torch.Tensor]]:
+    return [dict(b) for b in loader]
+
+
+def same(a, b) -> bool:
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+                                    for x, y in zip(a, b))
+
+
+def cached_files(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".lock"))
+
+
+@pytest.mark.parametrize(("backend", "threads"), [("native", 1), ("native", 2), ("torch", 2)])
+def test_the_same_batches_as_the_local_copy(tiles, s3, tmp_path, backend, threads):
+    local, url = tiles
+    kwargs = {"batch_size": 48, "shuffle": True, "seed": 5, "backend": backend}
+    if backend == "native":
+        kwargs["num_threads"] = threads
+    else:
+        kwargs["num_workers"] = threads
+    expected = batches(fastload.ShardLoader(str(local), **kwargs))
+    loader = fastload.ShardLoader(url, storage_options=s3[2], cache_dir=tmp_path / "cache", **kwargs)
+    assert same(batches(loader), expected)
+    loader.set_epoch(1)
+    again = fastload.ShardLoader(str(local), **kwargs)
+    again.set_epoch(1)
+    assert same(batches(loader), batches(again))
+
+
+def test_shard_dataset_split_root_and_fields(tmp_path, s3):
+    _, client, options = s3
+    root = tmp_path / "root"
+    rng = np.random.default_rng(1)
+    for name, n in (("train", 90), ("val", 30)):
+        fastload.write_arrays(root / name, {"image": rng.integers(0, 255, (n, 2, 4, 4), dtype=np.uint8),
+                                            "label": np.arange(n)}, samples_per_shard=32)
+    from fastload.format._splits import write_splits
+    write_splits(root, {n: {"path": n, "samples": c, "sources": 1, "class_counts": None}
+                        for n, c in (("train", 90), ("val", 30))}, {"tool": "tests"})
+    url = upload(client, root, "splitroot")
+    val = fastload.ShardDataset(url, split="val", storage_options=options, cache_dir=tmp_path / "c")
+    local_val = fastload.ShardDataset(root, split="val")
+    assert len(val) == 30 and all(torch.equal(val[i]["image"], local_val[i]["image"]) for i in range(30))
+    assert repr(val).startswith(f"ShardDataset('{url}/val'")
+    loader = fastload.ShardLoader(url, split="train", fields=["label"], batch_size=16, storage_options=options,
+                                  cache_dir=tmp_path / "c")
+    assert torch.equal(torch.cat([b["label"] for b in loader]), torch.arange(90))
+    with pytest.raises(fastload.DatasetError, match="pass split="):
+        fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path / "c")
+    with pytest.raises(fastload.DatasetError, match="no split 'test'"):
+        fastload.ShardDataset(url, split="test", storage_options=options, cache_dir=tmp_path / "c")
+
+
+def test_a_warm_cache_downloads_no_shard_again(tiles, s3, tmp_path):
+    _, url = tiles
+    cache = tmp_path / "cache"
+    first = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=cache)
+    files = cached_files(cache)
+    stamps = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}
+    assert len([p for p in files if p.suffix == ".lmdb"]) == len(first.manifest.shards)
+    second = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=cache)
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in cached_files(cache)} == stamps
+    assert second.path == first.path
+
+
+def test_missing_dataset_and_bucket_are_typed_errors_naming_the_url(s3, tmp_path):
+    options = s3[2]
+    with pytest.raises(RemoteNotFoundError, match=f"s3://{BUCKET}/no-such-dataset/manifest.json"):
+        fastload.ShardLoader(f"s3://{BUCKET}/no-such-dataset", batch_size=4, storage_options=options,
+                             cache_dir=tmp_path)
+    with pytest.raises(RemoteNotFoundError, match="s3://no-such-bucket/x/manifest.json"):
+        fastload.ShardDataset("s3://no-such-bucket/x", storage_options=options, cache_dir=tmp_path)
+
+
+def test_credentials_never_show(tiles, s3, tmp_path):
+    _, url = tiles
+    options = dict(s3[2])
+    dataset = fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path)
+    loader = fastload.ShardLoader(dataset, batch_size=8)
+    assert SECRET not in repr(dataset) + repr(loader) + str(dataset.__dict__.get("url"))
+    with pytest.raises(RemoteError) as caught:
+        fastload.ShardDataset(f"s3://{BUCKET}/absent", storage_options=options, cache_dir=tmp_path)
+    assert SECRET not in str(caught.value) and SECRET not in repr(caught.value)
+    with pytest.raises(ArgumentError) as bad_key:
+        fastload.ShardDataset(url, storage_options={**options, "not_a_setting": SECRET}, cache_dir=tmp_path)
+    assert "not_a_setting" in str(bad_key.value) and SECRET not in str(bad_key.value)
+
+
+def test_a_corrupt_object_is_fetched_again_then_refused(tiles, s3, tmp_path):
+    local, _ = tiles
+    client = s3[1]
+    url = upload(client, local, "corrupt")
+    shard = sorted(local.glob("*.lmdb"))[3]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    client.put_object(Bucket=BUCKET, Key=f"corrupt/{shard.name}", Body=bytes(data))
+    cache = tmp_path / "cache"
+    with pytest.raises(RemoteError, match=rf"s3://{BUCKET}/corrupt/{shard.name}: content hash differs.*2 times"):
+        fastload.ShardLoader(url, batch_size=8, storage_options=s3[2], cache_dir=cache)
+    assert not [p for p in cached_files(cache) if p.name.startswith(shard.name)], "a bad download was kept"
+    client.put_object(Bucket=BUCKET, Key=f"corrupt/{shard.name}", Body=shard.read_bytes()[:-100])
+    with pytest.raises(RemoteError, match=r"bytes, the manifest says"):
+        fastload.ShardLoader(url, batch_size=8, storage_options=s3[2], cache_dir=cache)
+    client.upload_file(str(shard), BUCKET, f"corrupt/{shard.name}")  # repaired: the loader works
+    assert sum(len(b["label"]) for b in fastload.ShardLoader(url, batch_size=64, storage_options=s3[2],
+                                                             cache_dir=cache)) == 700
+
+
+def test_cache_limit_bounds_the_cache_and_evicts_only_what_nobody_reads(tiles, s3, tmp_path):
+    local, url = tiles
+    other = upload(s3[1], local, "tiles-copy")
+    size = sum(p.stat().st_size for p in local.iterdir() if p.is_file())
+    cache = tmp_path / "cache"
+    with pytest.raises(RemoteError, match="cache_limit=1000 bytes cannot hold"):
+        fastload.ShardDataset(url, storage_options=s3[2], cache_dir=cache, cache_limit=1000)
+    limit = int(size * 1.5)  # one copy fits, two do not
+    held = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=cache, cache_limit=limit)
+    with pytest.raises(RemoteError, match="held by datasets in use"):
+        fastload.ShardDataset(other, storage_options=s3[2], cache_dir=cache, cache_limit=limit)
+    assert held[0]["label"] == 0  # still readable: nothing was taken from under it
+    del held
+    second = fastload.ShardDataset(other, storage_options=s3[2], cache_dir=cache, cache_limit=limit)
+    assert sum(p.stat().st_size for p in cached_files(cache)) <= limit
+    assert len(second) == 700
+
+
+def test_processes_share_one_cache(tiles, s3, tmp_path):
+    _, url = tiles
+    cache = tmp_path / "cache"
+    script = (f"import fastload, pickle, sys; options = pickle.loads(bytes.fromhex(sys.argv[1])); "
+              f"ds = fastload.ShardDataset({url!r}, storage_options=options, cache_dir={str(cache)!r}); "
+              f"print(sum(int(ds[i]['label']) for i in range(len(ds))))")
+    procs = [subprocess.Popen([sys.executable, "-c", script, pickle.dumps(s3[2]).hex()], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert {o for o, _ in outs} == {f"{sum(np.arange(700) % 7)}\n"}
+    assert not [p for p in cache.rglob("*.part-*")]
+
+
+def test_a_dead_server_is_a_typed_error_within_a_bounded_time(tiles, tmp_path):
+    local, _ = tiles
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="t", aws_secret_access_key="s",
+                          region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    url = upload(client, local, "dying")
+    options = {"endpoint": endpoint, "access_key_id": "t", "secret_access_key": "s", "region": "us-east-1",
+               "allow_http": True, "max_retries": 2, "retry_timeout_s": 3}
+    server.stop()
+    started = time.monotonic()
+    with pytest.raises(RemoteError, match=f"s3://{BUCKET}/dying/"):
+        fastload.ShardLoader(url, batch_size=8, storage_options=options, cache_dir=tmp_path)
+    assert time.monotonic() - started < 60
+
+
+def test_resume_in_a_new_process_with_another_cache(tiles, s3, tmp_path):
+    local, url = tiles
+    kwargs = {"batch_size": 32, "shuffle": True, "seed": 9}
+    loader = fastload.ShardLoader(url, storage_options=s3[2], cache_dir=tmp_path / "a", **kwargs)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = loader.state_dict()
+    del it
+    resumed = fastload.ShardLoader(url, storage_options=s3[2], cache_dir=tmp_path / "b", **kwargs)
+    resumed.load_state_dict(state)
+    reference = batches(fastload.ShardLoader(str(local), **kwargs))
+    assert same(batches(resumed), reference[5:])
+    clone = pickle.loads(pickle.dumps(fastload.ShardLoader(url, storage_options=s3[2], cache_dir=tmp_path / "a",
+                                                           **kwargs)))
+    assert same(batches(clone), reference)
+
+
+def test_storage_arguments_belong_to_urls(tiles):
+    local, _ = tiles
+    with pytest.raises(ArgumentError, match="cache_limit"):
+        fastload.ShardLoader(str(local), batch_size=4, cache_limit="1GB")
+    with pytest.raises(ArgumentError, match="storage_options"):
+        fastload.ShardDataset(local, storage_options={"region": "x"})
+
+
+def test_without_the_remote_extra_the_error_names_it(tiles, monkeypatch, tmp_path):
+    _, url = tiles
+    monkeypatch.setitem(sys.modules, "obstore", None)
+    monkeypatch.setitem(sys.modules, "obstore.store", None)
+    with pytest.raises(RemoteError, match=r'pip install "fastload\[remote\]"'):
+        fastload.ShardDataset(url, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(None, None), (1024, 1024), ("50GB", 50 * 10**9),
+                                                 ("1.5 GiB", int(1.5 * 2**30)), ("512MiB", 512 * 2**20)])
+def test_cache_limit_sizes(limit, expected):
+    assert parse_cache_limit(limit) == expected
+
+
+@pytest.mark.parametrize("limit", ["50", "lots", "-1GB", 0, -5, True, 1.5, "1XB"])
+def test_cache_limit_refuses_what_is_not_a_size(limit):
+    with pytest.raises(ArgumentError):
+        parse_cache_limit(limit)
+
+
+def test_cli_info_and_verify_read_urls(tiles, s3, tmp_path, monkeypatch):
+    _, url = tiles
+    endpoint = s3[0]
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "tester", "AWS_SECRET_ACCESS_KEY": SECRET,
+           "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true", "FASTLOAD_CACHE_DIR": str(tmp_path / "cache")}
+    info = subprocess.run([sys.executable, "-m", "fastload.tools.cli", "info", url], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert f"dataset {url}" in info.stdout and "700 samples in 11 shards" in info.stdout
+    assert not list((tmp_path / "cache").rglob("*.lmdb")), "info fetched shards"
+    verify = subprocess.run([sys.executable, "-m", "fastload.tools.cli", "verify", url, "--no-progress"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "700 records" in verify.stdout or "700" in verify.stdout
+    assert SECRET not in info.stdout + info.stderr + verify.stdout + verify.stderr
