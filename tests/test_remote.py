@@ -166,7 +166,7 @@ def test_a_corrupt_object_is_fetched_again_then_refused(tiles, s3, tmp_path):
     data[len(data) // 2] ^= 0xFF
     client.put_object(Bucket=BUCKET, Key=f"corrupt/{shard.name}", Body=bytes(data))
     cache = tmp_path / "cache"
-    with pytest.raises(RemoteError, match=rf"s3://{BUCKET}/corrupt/{shard.name}: content hash differs.*2 times"):
+    with pytest.raises(RemoteError, match=rf"s3://{BUCKET}/corrupt/{shard.name}: content hash differs.*3 times"):
         fastload.ShardLoader(url, batch_size=8, storage_options=s3[2], cache_dir=cache)
     assert not [p for p in cached_files(cache) if p.name.startswith(shard.name)], "a bad download was kept"
     client.put_object(Bucket=BUCKET, Key=f"corrupt/{shard.name}", Body=shard.read_bytes()[:-100])
@@ -289,3 +289,71 @@ def test_cli_info_and_verify_read_urls(tiles, s3, tmp_path, monkeypatch):
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "700 records" in verify.stdout or "700" in verify.stdout
     assert SECRET not in info.stdout + info.stderr + verify.stdout + verify.stderr
+
+
+@pytest.fixture
+def proxy(s3):
+    """A fault-injecting proxy in front of the S3 server (tests/fault_proxy.py), and storage_options through it."""
+    from fault_proxy import FaultProxy
+
+    proxy = FaultProxy(s3[0])
+    options = {**s3[2], "endpoint": proxy.url, "max_retries": 2, "retry_timeout_s": 10}
+    yield proxy, options
+    proxy.close()
+
+
+def test_transient_faults_are_retried_and_the_data_is_exact(tiles, proxy, tmp_path):
+    local, url = tiles
+    fp, options = proxy
+    shards = sorted(p.name for p in local.glob("*.lmdb"))
+    fp.plan(shards[0], "503", "503")
+    fp.plan(shards[1], "truncate", "truncate")
+    fp.plan(shards[2], "drop")
+    fp.plan(shards[3], "truncate", "503", "drop")
+    loader = fastload.ShardLoader(url, batch_size=50, shuffle=True, seed=2, storage_options=options,
+                                  cache_dir=tmp_path)
+    assert same(batches(loader), batches(fastload.ShardLoader(str(local), batch_size=50, shuffle=True, seed=2)))
+    assert len(fp.faults_served) == 8, fp.faults_served  # every planned fault met a request, and was survived
+
+
+def test_a_transfer_that_keeps_failing_is_a_typed_error_and_nothing_is_kept(tiles, proxy, tmp_path):
+    local, url = tiles
+    fp, options = proxy
+    shard = sorted(p.name for p in local.glob("*.lmdb"))[4]
+    fp.plan(shard, *["truncate"] * 20)
+    with pytest.raises(RemoteError, match=rf"s3://{BUCKET}/tiles/{shard}: .*tried 3 times") as caught:
+        fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path)
+    assert SECRET not in str(caught.value)
+    assert not [p for p in tmp_path.rglob(f"{shard}*") if not p.name.endswith(".lock")]
+
+
+def test_ctrl_c_during_a_download_leaves_nothing_a_later_run_trusts(tiles, proxy, tmp_path):
+    local, url = tiles
+    fp, options = proxy
+    fp.delay_s = 30.0
+    shards = sorted(p.name for p in local.glob("*.lmdb"))
+    for name in shards:
+        fp.plan(name, "delay")  # every download hangs: the interrupt lands inside them
+    cache = tmp_path / "cache"
+    script = (f"import fastload, pickle, sys; options = pickle.loads(bytes.fromhex(sys.argv[1])); "
+              f"print('opening', flush=True); "
+              f"fastload.ShardDataset({url!r}, storage_options=options, cache_dir={str(cache)!r})")
+    proc = subprocess.Popen([sys.executable, "-c", script, pickle.dumps(options).hex()], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "opening\n"
+    deadline = time.monotonic() + 60
+    while not list(cache.rglob("*.part-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(cache.rglob("*.part-*")), "no download started"
+    proc.send_signal(2)  # SIGINT
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 10, "Ctrl-C waited for the downloads in flight"
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    for path in cache.rglob("*.lmdb"):  # under its final name only when whole and right
+        assert path.read_bytes() == (local / path.name).read_bytes(), path
+    fp.plans.clear()
+    fp.delay_s = 0.0
+    again = fastload.ShardDataset(url, storage_options=options, cache_dir=cache)
+    assert not list(cache.rglob("*.part-*"))
+    assert all(torch.equal(again[i]["image"], fastload.ShardDataset(local)[i]["image"]) for i in (0, 350, 699))

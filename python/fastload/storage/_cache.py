@@ -23,13 +23,13 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import xxhash
 
-from ..errors import ArgumentError, ArgumentTypeError, RemoteError
+from ..errors import ArgumentError, ArgumentTypeError, RemoteError, RemoteNotFoundError
 from ..format._manifest import HASH_ALGORITHM, ShardInfo
 from ._client import RemoteRoot
 from ._locks import FileLock
@@ -39,6 +39,14 @@ CACHE_LOCK_NAME = ".fastload-cache.lock"
 READERS_LOCK_NAME = ".readers.lock"
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+class DownloadStopped(Exception):
+    """A download given up because another failed or the caller was interrupted (never shown to users)."""
+
+
+class CacheDiskError(RemoteError):
+    """The cache's own disk failed (full, read-only, removed): not retried, unlike a transfer."""
 
 
 def default_cache_dir() -> Path:
@@ -148,12 +156,13 @@ def _last_used(version: Path) -> float:
         return 0.0
 
 
-def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int = 2,
-                progress: Callable[[int], None] | None = None) -> Path:
+def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int = 3,
+                stop: threading.Event | None = None) -> Path:
     """Return the cached shard, downloading it first when absent; its bytes always match the manifest.
 
     Call with the cache lock held. A download that does not match (truncated, corrupt, the object
-    replaced) is fetched again, ``attempts`` times in all, then a RemoteError names the URL.
+    replaced) or breaks off (a dropped connection after obstore's own retries) is fetched again,
+    ``attempts`` times in all, then a RemoteError names the URL. A missing object is not retried.
     """
     dest = version / shard.file
     if dest.is_file() and dest.stat().st_size == shard.bytes:
@@ -163,14 +172,22 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
         stale.unlink(missing_ok=True)
     problem = ""
     for _ in range(attempts):
-        problem = _download(root, shard, dest, progress)
+        try:
+            problem = _download(root, shard, dest, stop)
+        except RemoteNotFoundError:
+            raise
+        except RemoteError as err:  # the transfer failed (not the cache's disk: that is CacheDiskError)
+            if isinstance(err, CacheDiskError):
+                raise
+            problem = str(err)
+            continue
         if not problem:
             return dest
-    raise RemoteError(f"{root.url_of(shard.file)}: {problem} (downloaded {attempts} times); the object does not "
-                      f"match its dataset's manifest")
+        problem += "; the object does not match its dataset's manifest"
+    raise RemoteError(f"{root.url_of(shard.file)}: {problem} (tried {attempts} times)")
 
 
-def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, progress: Callable[[int], None] | None) -> str:
+def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, stop: threading.Event | None) -> str:
     """Download ``shard`` to ``dest`` (atomically); return '' when its size and hash match, else the problem."""
     part = dest.with_name(f"{dest.name}.part-{os.getpid()}")
     digest = xxhash.xxh3_128()
@@ -181,10 +198,10 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, progress: Callable
                 size += len(chunk)
                 if size > shard.bytes:
                     return f"more than the manifest's {shard.bytes} bytes"
+                if stop is not None and stop.is_set():
+                    raise DownloadStopped(shard.file)
                 digest.update(chunk)
                 f.write(chunk)
-                if progress is not None:
-                    progress(len(chunk))
             f.flush()
             os.fsync(f.fileno())
         if size != shard.bytes:
@@ -194,7 +211,8 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, progress: Callable
         os.replace(part, dest)
         return ""
     except OSError as err:  # the cache's disk: full, read-only, gone
-        raise RemoteError(f"cache file {part}: {err.strerror or err} (downloading {root.url_of(shard.file)})") from None
+        raise CacheDiskError(f"cache file {part}: {err.strerror or err} "
+                             f"(downloading {root.url_of(shard.file)})") from None
     finally:
         part.unlink(missing_ok=True)
 

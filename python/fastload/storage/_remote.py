@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from ..format._manifest_check import MAX_MANIFEST_BYTES
 from ..format._splits import MAX_SPLITS_BYTES, SPLITS_NAME, read_splits
 from ._cache import (
     READERS_LOCK_NAME,
+    DownloadStopped,
     cache_lock,
     default_cache_dir,
     fetch_shard,
@@ -137,12 +138,42 @@ def _cached(path: Path, size: int) -> bool:
 
 
 def _download_all(root: RemoteRoot, version: Path, shards: list[ShardInfo]) -> None:
-    """Download ``shards`` into ``version``, several at once; on the first error (or Ctrl-C) start no more."""
+    """Download ``shards`` into ``version``, several at once, in their order; raise the first one's error.
+
+    The downloads run on daemon threads that this thread waits for in short slices: a Ctrl-C ends
+    the wait at once (the transfers in flight stop at their next chunk, or with the process, and
+    leave only ``.part`` files); on the first error no further download starts.
+    """
     if not shards:
         return
-    pool = ThreadPoolExecutor(min(DOWNLOAD_THREADS, len(shards)), thread_name_prefix="fastload-download")
+    todo = list(enumerate(shards))
+    failures: list[tuple[int, BaseException]] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def work() -> None:
+        while not stop.is_set():
+            with lock:
+                if not todo:
+                    return
+                number, shard = todo.pop(0)
+            try:
+                fetch_shard(root, version, shard, stop=stop)
+            except BaseException as err:  # handed to the waiting thread
+                with lock:
+                    failures.append((number, err))
+                stop.set()
+
+    threads = [threading.Thread(target=work, name=f"fastload-download-{i}", daemon=True)
+               for i in range(min(DOWNLOAD_THREADS, len(shards)))]
+    for thread in threads:
+        thread.start()
     try:
-        for future in [pool.submit(fetch_shard, root, version, shard) for shard in shards]:
-            future.result()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.1)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # the ones running end their request; .part files go
+        stop.set()
+    failures = [f for f in failures if not isinstance(f[1], DownloadStopped)]
+    if failures:
+        raise min(failures, key=lambda f: f[0])[1]
