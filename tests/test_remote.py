@@ -357,3 +357,72 @@ def test_ctrl_c_during_a_download_leaves_nothing_a_later_run_trusts(tiles, proxy
     again = fastload.ShardDataset(url, storage_options=options, cache_dir=cache)
     assert not list(cache.rglob("*.part-*"))
     assert all(torch.equal(again[i]["image"], fastload.ShardDataset(local)[i]["image"]) for i in (0, 350, 699))
+
+
+def test_a_plain_http_server_serves_a_dataset(tiles, tmp_path):
+    """``http://`` (an on-premises store behind a web server): Python's http.server on 127.0.0.1."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    local, _ = tiles
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(local.parent)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{local.name}"
+        kwargs = {"batch_size": 64, "shuffle": True, "seed": 4}
+        remote = fastload.ShardLoader(url, storage_options={"allow_http": True}, cache_dir=tmp_path, **kwargs)
+        assert same(batches(remote), batches(fastload.ShardLoader(str(local), **kwargs)))
+        with pytest.raises(RemoteNotFoundError, match=f"{url}-missing/manifest.json"):
+            fastload.ShardDataset(url + "-missing", storage_options={"allow_http": True}, cache_dir=tmp_path)
+        with pytest.raises(RemoteError, match="builder error|allow_http|HTTP"):  # http refused unless allowed
+            fastload.ShardDataset(url, cache_dir=tmp_path / "other", storage_options={"max_retries": 0})
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_remote_and_local_datasets_compose(tiles, s3, tmp_path):
+    local, url = tiles
+    remote = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path)
+    both = fastload.concat([remote, str(local)])
+    expected = fastload.concat([str(local), str(local)])
+    kwargs = {"batch_size": 100, "shuffle": True, "seed": 8}
+    assert same(batches(fastload.ShardLoader(both, **kwargs)), batches(fastload.ShardLoader(expected, **kwargs)))
+    mixed = fastload.mix([remote, str(local)], weights=[0.5, 0.5], stop="all_exhausted")
+    reference = fastload.mix([str(local), str(local)], weights=[0.5, 0.5], stop="all_exhausted")
+    assert same(batches(fastload.ShardLoader(mixed, fields=["label"], **kwargs)),
+                batches(fastload.ShardLoader(reference, fields=["label"], **kwargs)))
+
+
+def test_spawned_workers_open_the_cached_copy(tiles, s3, tmp_path):
+    local, url = tiles
+    kwargs = {"batch_size": 64, "shuffle": True, "seed": 6, "backend": "torch", "num_workers": 2,
+              "multiprocessing_context": "spawn"}
+    loader = fastload.ShardLoader(url, storage_options=s3[2], cache_dir=tmp_path, **kwargs)
+    assert same(batches(loader), batches(fastload.ShardLoader(str(local), **{**kwargs, "num_workers": 0})))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE")
+def test_a_full_cache_disk_is_a_typed_error(tiles, s3, tmp_path):
+    """The cache's disk refuses writes past 16 KB (RLIMIT_FSIZE in a child): a RemoteError naming the file."""
+    _, url = tiles
+    cache = tmp_path / "cache"
+    script = (f"import fastload, pickle, resource, signal, sys\n"
+              f"signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
+              f"options = pickle.loads(bytes.fromhex(sys.argv[1]))\n"
+              f"try:\n"
+              f"    fastload.ShardDataset({url!r}, storage_options=options, cache_dir={str(cache)!r})\n"
+              f"except fastload.errors.RemoteError as err:\n"
+              f"    print(type(err).__name__, err)\n")
+    done = subprocess.run([sys.executable, "-c", script, pickle.dumps(s3[2]).hex()], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("CacheDiskError cache file ") and "File too large" in done.stdout, done.stdout
+    assert not list(cache.rglob("*.lmdb")) and not list(cache.rglob("*.part-*"))
