@@ -1,0 +1,51 @@
+"""One configuration in a fresh process: epochs 1 to N of a ShardLoader, as JSON on stdout.
+
+Run by benchmarks/test_first_epoch.py (``python first_epoch_child.py PATH THREADS PREFETCH EPOCHS``).
+For each epoch: samples/s, time to the first batch, minor and major page faults of the process
+(getrusage), and the consuming thread's CPU time per batch (``time.thread_time``: the Python work
+the user's loop pays for each batch, not the reader threads'), the process's CPU seconds, and its peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+
+
+def main() -> None:
+    path, threads, prefetch, epochs = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    started = time.perf_counter()
+    import fastload  # the import is part of what a fresh process pays, reported apart
+
+    imported = time.perf_counter() - started
+    loader = fastload.ShardLoader(path, batch_size=256, shuffle=True, seed=0, num_threads=threads, backend="native",
+                                  prefetch=prefetch if prefetch == "auto" else int(prefetch))
+    rows = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        cpu0 = time.thread_time()
+        start = time.perf_counter()
+        first = None
+        samples = batches = 0
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - start
+            samples += len(batch["label"])
+            batches += 1
+        seconds = time.perf_counter() - start
+        cpu = time.thread_time() - cpu0
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        rows.append({"samples_per_s": samples / seconds, "seconds": seconds, "first_batch_s": first,
+                     "minor_faults": after.ru_minflt - before.ru_minflt,
+                     "major_faults": after.ru_majflt - before.ru_majflt,
+                     "consumer_cpu_us_per_batch": 1e6 * cpu / max(batches, 1), "samples": samples,
+                     "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)})
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+    print(json.dumps({"import_s": imported, "peak_rss_mb": peak_rss_mb, "epochs": rows}))
+
+
+if __name__ == "__main__":
+    main()
