@@ -426,3 +426,12 @@ def test_a_full_cache_disk_is_a_typed_error(tiles, s3, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("CacheDiskError cache file ") and "File too large" in done.stdout, done.stdout
     assert not list(cache.rglob("*.lmdb")) and not list(cache.rglob("*.part-*"))
+
+
+def test_a_token_in_the_url_never_reaches_a_path_or_a_message(tmp_path):
+    from fastload.storage._cache import version_dir
+    from fastload.storage._urls import redact
+
+    url = f"https://user:{SECRET}@host.example/data/tiles?sig={SECRET}&se=2030"
+    assert SECRET not in str(version_dir(tmp_path, url, b"{}"))
+    assert redact(url) == "https://host.example/data/tiles"

@@ -33,6 +33,7 @@ from ..errors import ArgumentError, ArgumentTypeError, RemoteError, RemoteNotFou
 from ..format._manifest import HASH_ALGORITHM, ShardInfo
 from ._client import RemoteRoot
 from ._locks import FileLock
+from ._urls import redact
 
 CACHE_DIR_ENV = "FASTLOAD_CACHE_DIR"
 CACHE_LOCK_NAME = ".fastload-cache.lock"
@@ -85,7 +86,8 @@ def parse_cache_limit(limit: int | str | None) -> int | None:
 
 def version_dir(cache_dir: Path, url: str, manifest_bytes: bytes) -> Path:
     """Return the cache directory of one version (URL and manifest) of a remote dataset."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", url.split("://", 1)[-1]).strip("-.")[-48:] or "dataset"
+    shown = redact(url).split("://", 1)[-1]  # no user information or query (tokens) in a directory name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", shown).strip("-.")[-48:] or "dataset"
     url_key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
     return cache_dir / f"{name}-{url_key}" / hashlib.sha256(manifest_bytes).hexdigest()[:16]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..errors import ArgumentError, ArgumentTypeError, RemoteError, RemoteNotFoundError
-from ._urls import join_url, redact
+from ._urls import join_url, redact, url_secrets
 
 T = TypeVar("T")
 
@@ -101,6 +101,7 @@ class RemoteRoot:
     def __init__(self, url: str, options: StorageOptions) -> None:
         self.url = url.rstrip("/")
         self.options = options
+        self._secrets = options.secrets() + url_secrets(url)
         obstore = _obstore()
         from obstore.store import from_url
 
@@ -112,7 +113,7 @@ class RemoteRoot:
             self.store = from_url(self.url, config=dict(options.config) or None,  # type: ignore[call-overload]
                                   client_options=dict(options.client), retry_config=retry)
         except obstore.exceptions.UnknownConfigurationKeyError as err:
-            raise ArgumentError(f"{redact(self.url)}: storage_options: {scrub(str(err), options.secrets())}") from None
+            raise ArgumentError(f"{redact(self.url)}: storage_options: {scrub(str(err), self._secrets)}") from None
         except Exception as err:  # obstore's errors about the URL or the configuration
             raise RemoteError(f"{redact(self.url)}: cannot open: {self._message(err)}") from None
 
@@ -121,7 +122,7 @@ class RemoteRoot:
         return redact(join_url(self.url, relpath))
 
     def _message(self, err: BaseException) -> str:
-        return scrub(str(err), self.options.secrets()).splitlines()[0][:500] if str(err) else type(err).__name__
+        return scrub(str(err), self._secrets).splitlines()[0][:500] if str(err) else type(err).__name__
 
     def call(self, relpath: str, what: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` (an obstore call on ``relpath``), turning its errors into typed ones naming the URL."""

@@ -37,3 +37,13 @@ def redact(url: str) -> str:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def url_secrets(url: str) -> list[str]:
+    """Return the parts of ``url`` that may be secret: the password and every query value (SAS, signatures)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = [parts.password or ""] + [v for _, _, v in (p.partition("=") for p in parts.query.split("&"))]
+    return [s for s in found if len(s) >= 4]
