@@ -195,18 +195,22 @@ def test_cache_limit_bounds_the_cache_and_evicts_only_what_nobody_reads(tiles, s
     assert len(second) == 700
 
 
-def test_processes_share_one_cache(tiles, s3, tmp_path):
-    _, url = tiles
+def test_processes_share_one_cache(tiles, proxy, tmp_path):
+    """Three processes open one URL at once into one cache: each shard is fetched once, none torn."""
+    local, url = tiles
+    fp, options = proxy
     cache = tmp_path / "cache"
     script = (f"import fastload, pickle, sys; options = pickle.loads(bytes.fromhex(sys.argv[1])); "
               f"ds = fastload.ShardDataset({url!r}, storage_options=options, cache_dir={str(cache)!r}); "
               f"print(sum(int(ds[i]['label']) for i in range(len(ds))))")
-    procs = [subprocess.Popen([sys.executable, "-c", script, pickle.dumps(s3[2]).hex()], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", script, pickle.dumps(options).hex()], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert {o for o, _ in outs} == {f"{sum(np.arange(700) % 7)}\n"}
     assert not [p for p in cache.rglob("*.part-*")]
+    shard_gets = {k: n for k, n in fp.seen.items() if k.startswith("GET ") and k.endswith(".lmdb")}
+    assert len(shard_gets) == len(list(local.glob("*.lmdb"))) and set(shard_gets.values()) == {1}, shard_gets
 
 
 def test_a_dead_server_is_a_typed_error_within_a_bounded_time(tiles, tmp_path):
@@ -342,9 +346,9 @@ def test_ctrl_c_during_a_download_leaves_nothing_a_later_run_trusts(tiles, proxy
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "opening\n"
     deadline = time.monotonic() + 60
-    while not list(cache.rglob("*.part-*")) and time.monotonic() < deadline:
+    while not list(cache.rglob("*.lmdb.part-*")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert list(cache.rglob("*.part-*")), "no download started"
+    assert list(cache.rglob("*.lmdb.part-*")), "no download started"
     proc.send_signal(2)  # SIGINT
     sent = time.monotonic()
     _, err = proc.communicate(timeout=60)
@@ -435,3 +439,63 @@ def test_a_token_in_the_url_never_reaches_a_path_or_a_message(tmp_path):
     url = f"https://user:{SECRET}@host.example/data/tiles?sig={SECRET}&se=2030"
     assert SECRET not in str(version_dir(tmp_path, url, b"{}"))
     assert redact(url) == "https://host.example/data/tiles"
+
+
+def test_urls_with_credentials_and_bad_arguments_are_refused_typed(tiles, s3, tmp_path):
+    from fastload.errors import ArgumentTypeError
+
+    _, url = tiles
+    for bad in (f"s3://user:{SECRET}@{BUCKET}/tiles", f"{url}?token={SECRET}", f"{url}#frag",
+                "https://host:port/x"):
+        with pytest.raises(ArgumentError) as caught:
+            fastload.ShardDataset(bad, storage_options=s3[2], cache_dir=tmp_path)
+        assert SECRET not in str(caught.value)
+    with pytest.raises(ArgumentTypeError, match="cache_dir"):
+        fastload.ShardDataset(url, storage_options=s3[2], cache_dir=42)
+    with pytest.raises(ArgumentTypeError, match="storage_options"):
+        fastload.ShardDataset(url, storage_options=[("endpoint", "x")], cache_dir=tmp_path)
+
+
+def test_eviction_never_touches_what_fastload_did_not_make(tiles, s3, tmp_path):
+    local, url = tiles
+    other = upload(s3[1], local, "tiles-copy-2")
+    cache = tmp_path / "shared-disk"
+    keep = cache / "my-data-0123456789abcdef" / "0123456789abcdef"  # looks like a version, is the user's
+    keep.mkdir(parents=True)
+    (keep / "results.bin").write_bytes(b"x" * 1000)
+    (cache / "notes.txt").write_text("mine")
+    size = sum(p.stat().st_size for p in local.iterdir() if p.is_file())
+    limit = int(size * 1.5) + 2000
+    first = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=cache, cache_limit=limit)
+    del first
+    fastload.ShardDataset(other, storage_options=s3[2], cache_dir=cache, cache_limit=limit)  # evicts the first
+    assert (keep / "results.bin").read_bytes() == b"x" * 1000 and (cache / "notes.txt").read_text() == "mine"
+    assert len([p for p in cache.rglob("manifest.json")]) == 1
+
+
+def test_an_unpickled_dataset_reads_its_cached_version_offline(tiles, proxy, tmp_path):
+    local, url = tiles
+    fp, options = proxy
+    dataset = fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path)
+    blob = pickle.dumps(dataset)
+    fp.close()  # the store is unreachable from now on
+    clone = pickle.loads(blob)
+    assert clone.path == dataset.path
+    assert all(torch.equal(clone[i]["image"], fastload.ShardDataset(local)[i]["image"]) for i in (0, 699))
+
+
+def test_an_unpickled_dataset_refuses_a_dataset_rewritten_at_its_url(tiles, s3, tmp_path):
+    import shutil
+
+    local, _ = tiles
+    url = upload(s3[1], local, "rewritten")
+    dataset = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path / "c")
+    blob = pickle.dumps(dataset)
+    shutil.rmtree(dataset.path)  # evicted meanwhile
+    rng = np.random.default_rng(9)
+    other = tmp_path / "other"
+    fastload.write_arrays(other, {"image": rng.integers(0, 255, (700, 3, 12, 12), dtype=np.uint8),
+                                  "label": np.arange(700) % 7}, codec={"image": "zstd"}, samples_per_shard=64)
+    upload(s3[1], other, "rewritten")
+    with pytest.raises(RemoteError, match="changed in storage"):
+        pickle.loads(blob)

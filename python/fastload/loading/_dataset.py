@@ -21,7 +21,7 @@ from ..format._manifest import Manifest, load_manifest
 from ..format._record import Field, max_sample_bytes
 from ..format._shard_files import check_shard_files
 from ..format._splits import resolve_dataset_path
-from ..storage import CachedDataset, RemoteSpec, is_remote, open_remote
+from ..storage import CachedDataset, RemoteSpec, is_remote, open_remote, reopen_cached
 from ._subset import ShardSubset
 
 
@@ -223,10 +223,9 @@ class ShardDataset(torch.utils.data.Dataset):
             self._fingerprints = self.manifest.record_fingerprints()
         self.__dict__.setdefault("url", None)
         self.__dict__.setdefault("_remote", None)
-        if self._remote is not None:  # held against eviction here too; fetched again where the cache lacks it
+        if self._remote is not None:  # the same version, held against eviction here too, offline when whole
             url, spec = self._remote
-            self._cached = open_remote(url, None, spec)
-            self.path = self._cached.path
+            self._cached = reopen_cached(url, self.path, spec)
 
     def close(self) -> None:
         """Unmap the shards this process opened (they open again on the next read)."""

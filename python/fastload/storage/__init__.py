@@ -4,7 +4,7 @@ Layer: above ``format`` (it checks downloads against the manifest), below ``load
 the cached copy as a local dataset). Needs the optional extra ``fastload[remote]`` (obstore).
 """
 
-from ._remote import CachedDataset, RemoteSpec, open_remote, remote_splits
+from ._remote import CachedDataset, RemoteSpec, open_remote, remote_splits, reopen_cached
 from ._urls import is_remote, redact
 
-__all__ = ["CachedDataset", "RemoteSpec", "is_remote", "open_remote", "redact", "remote_splits"]
+__all__ = ["CachedDataset", "RemoteSpec", "is_remote", "open_remote", "redact", "remote_splits", "reopen_cached"]

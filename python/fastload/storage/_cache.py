@@ -19,6 +19,7 @@ being read is never deleted or replaced under a reader.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -36,6 +37,7 @@ from ._locks import FileLock
 from ._urls import redact
 
 CACHE_DIR_ENV = "FASTLOAD_CACHE_DIR"
+_ATTEMPTS = itertools.count()  # makes every download's temporary name unique within the process
 CACHE_LOCK_NAME = ".fastload-cache.lock"
 READERS_LOCK_NAME = ".readers.lock"
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -88,7 +90,7 @@ def version_dir(cache_dir: Path, url: str, manifest_bytes: bytes) -> Path:
     """Return the cache directory of one version (URL and manifest) of a remote dataset."""
     shown = redact(url).split("://", 1)[-1]  # no user information or query (tokens) in a directory name
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", shown).strip("-.")[-48:] or "dataset"
-    url_key = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    url_key = hashlib.sha256(redact(url).rstrip("/").encode()).hexdigest()[:16]
     return cache_dir / f"{name}-{url_key}" / hashlib.sha256(manifest_bytes).hexdigest()[:16]
 
 
@@ -132,8 +134,7 @@ def make_room(cache_dir: Path, needed: int, limit: int | None, keep: Path) -> No
     used = cached_bytes(cache_dir)
     if used + needed <= limit:
         return
-    versions = sorted((v for d in cache_dir.iterdir() if d.is_dir() for v in d.iterdir() if v.is_dir()),
-                      key=_last_used)
+    versions = sorted(cached_versions(cache_dir), key=_last_used)
     for version in versions:
         if used + needed <= limit:
             return
@@ -143,12 +144,32 @@ def make_room(cache_dir: Path, needed: int, limit: int | None, keep: Path) -> No
         if lock is None:  # being read
             continue
         with lock:
-            size = cached_bytes(version)
             shutil.rmtree(version, ignore_errors=True)
-        used -= size
+        used = cached_bytes(cache_dir)  # what is really gone (a file another system keeps open stays)
     if used + needed > limit:
         raise RemoteError(f"cache {cache_dir}: cache_limit={limit} bytes; {used} bytes are held by datasets in use "
                           f"and {needed} more are needed")
+
+
+_VERSION_DIR = re.compile(r"[A-Za-z0-9._-]*-[0-9a-f]{16}")
+_VERSION = re.compile(r"[0-9a-f]{16}")
+
+
+def cached_versions(cache_dir: Path) -> list[Path]:
+    """Return the dataset versions in the cache: only the directories fastload made.
+
+    That is ``<name>-<hash>/<hash>`` holding a manifest and a readers lock, never anything else a
+    user keeps under ``cache_dir``.
+    """
+    found = []
+    for dataset in cache_dir.iterdir():
+        if not (dataset.is_dir() and _VERSION_DIR.fullmatch(dataset.name)):
+            continue
+        for version in dataset.iterdir():
+            if (version.is_dir() and _VERSION.fullmatch(version.name) and (version / READERS_LOCK_NAME).is_file()
+                    and (version / "manifest.json").is_file()):
+                found.append(version)
+    return found
 
 
 def _last_used(version: Path) -> float:
@@ -191,7 +212,7 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
 
 def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, stop: threading.Event | None) -> str:
     """Download ``shard`` to ``dest`` (atomically); return '' when its size and hash match, else the problem."""
-    part = dest.with_name(f"{dest.name}.part-{os.getpid()}")
+    part = dest.with_name(f"{dest.name}.part-{os.getpid()}-{threading.get_ident()}-{next(_ATTEMPTS)}")
     digest = xxhash.xxh3_128()
     size = 0
     try:
@@ -210,6 +231,8 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, stop: threading.Ev
             return f"{size} bytes, the manifest says {shard.bytes}"
         if f"{HASH_ALGORITHM}:{digest.hexdigest()}" != shard.hash:
             return "content hash differs from the manifest's"
+        if stop is not None and stop.is_set():  # given up (Ctrl-C): the caller may no longer hold the lock
+            raise DownloadStopped(shard.file)
         os.replace(part, dest)
         return ""
     except OSError as err:  # the cache's disk: full, read-only, gone

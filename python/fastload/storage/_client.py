@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..errors import ArgumentError, ArgumentTypeError, RemoteError, RemoteNotFoundError
-from ._urls import join_url, redact, url_secrets
+from ._urls import check_dataset_url, join_url, redact, url_secrets
 
 T = TypeVar("T")
 
@@ -25,11 +25,13 @@ _CLIENT_KEYS = {"allow_http", "timeout", "connect_timeout", "allow_invalid_certi
 _RETRY_KEYS = {"max_retries", "retry_timeout_s"}
 # Bounded by default: a server that dies gives an error within about this long, not obstore's 3 minutes.
 DEFAULT_RETRIES = {"max_retries": 4, "retry_timeout_s": 30.0}
-DEFAULT_CLIENT = {"connect_timeout": "5s", "timeout": "300s"}
+# timeout bounds one whole request, a shard's transfer included: raise it for large shards on a slow link.
+DEFAULT_CLIENT = {"connect_timeout": "5s", "timeout": "600s"}
 # Words that mark a configuration value as secret (never shown, and scrubbed from any message).
 _SECRET_WORDS = ("secret", "token", "password", "key", "sas", "credential", "signature")
-_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_KEY",
-               "AZURE_CLIENT_SECRET", "AZURE_STORAGE_TOKEN", "GOOGLE_SERVICE_ACCOUNT_KEY")
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ACCESS_KEY",
+               "AZURE_STORAGE_SAS_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_SECRET", "AZURE_STORAGE_TOKEN",
+               "GOOGLE_SERVICE_ACCOUNT_KEY")
 
 
 def _obstore() -> Any:
@@ -99,6 +101,7 @@ class RemoteRoot:
     """A dataset location in object storage: its URL and an obstore store whose prefix is that location."""
 
     def __init__(self, url: str, options: StorageOptions) -> None:
+        check_dataset_url(url)
         self.url = url.rstrip("/")
         self.options = options
         self._secrets = options.secrets() + url_secrets(url)

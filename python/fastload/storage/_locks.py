@@ -31,7 +31,14 @@ class FileLock:
 
     @classmethod
     def try_exclusive(cls, path: Path) -> FileLock | None:
-        """Return an exclusive lock on ``path``, or None when another process holds any lock on it."""
+        """Return an exclusive lock on ``path``, or None when another process holds any lock on it.
+
+        On Windows readers hold no lock (msvcrt has no shared one), so nothing can tell a version in
+        use from an idle one there: None, always (the cache is never evicted on Windows; a cache_limit
+        that needs eviction is an error there).
+        """
+        if sys.platform == "win32":
+            return None
         try:
             return cls(path, exclusive=True, blocking=False)
         except BlockingIOError:
@@ -70,7 +77,7 @@ if sys.platform == "win32":
                 if not blocking:
                     return False
                 if time.monotonic() > deadline:
-                    raise RemoteError(f"cache lock {fd}: held by another process for an hour") from None
+                    raise RemoteError("a cache lock has been held by another process for an hour") from None
                 time.sleep(0.05)
 else:
     import fcntl

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError, RemoteError
+from ..errors import ArgumentTypeError, DatasetError, RemoteError
 from ..format._manifest import MANIFEST_NAME, ShardInfo, load_manifest
 from ..format._manifest_check import MAX_MANIFEST_BYTES
 from ..format._splits import MAX_SPLITS_BYTES, SPLITS_NAME, read_splits
@@ -45,7 +47,9 @@ class RemoteSpec:
     def build(cls, storage_options: Mapping[str, Any] | None, cache_dir: str | os.PathLike | None,
               cache_limit: int | str | None) -> RemoteSpec:
         """Check and group the storage arguments of ``ShardDataset`` / ``ShardLoader``."""
-        directory = default_cache_dir() if cache_dir is None else Path(cache_dir)
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise ArgumentTypeError(f"cache_dir must be a path, not {type(cache_dir).__name__}")
+        directory = default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser().absolute()
         return cls(StorageOptions.build(storage_options), directory, parse_cache_limit(cache_limit))
 
 
@@ -68,12 +72,16 @@ def remote_splits(url: str, spec: RemoteSpec) -> dict[str, str] | None:
     root = RemoteRoot(url, spec.storage_options)
     if not root.exists(SPLITS_NAME):
         return None
-    with tempfile.TemporaryDirectory(prefix="fastload-splits-") as tmp:
-        Path(tmp, SPLITS_NAME).write_bytes(root.read_bytes(SPLITS_NAME, MAX_SPLITS_BYTES))
-        try:
-            splits = read_splits(tmp, check_dirs=False)
-        except DatasetError as err:
-            raise DatasetError(str(err).replace(tmp, redact(url))) from None
+    data = root.read_bytes(SPLITS_NAME, MAX_SPLITS_BYTES)
+    try:
+        with tempfile.TemporaryDirectory(prefix="fastload-splits-") as tmp:
+            Path(tmp, SPLITS_NAME).write_bytes(data)
+            try:
+                splits = read_splits(tmp, check_dirs=False)
+            except DatasetError as err:
+                raise DatasetError(str(err).replace(tmp, redact(url))) from None
+    except OSError as err:
+        raise RemoteError(f"{redact(url)}: cannot check {SPLITS_NAME} in a temporary directory: {err}") from None
     assert splits is not None
     return {name: join_url(url, str(entry["path"])) for name, entry in splits.items()}
 
@@ -105,29 +113,68 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Tr
     root = RemoteRoot(url, spec.storage_options)
     manifest_bytes = root.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
     version = version_dir(spec.cache_dir, url, manifest_bytes)
-    with cache_lock(spec.cache_dir):
-        try:
-            version.mkdir(parents=True, exist_ok=True)
-            if not (version / MANIFEST_NAME).is_file():
-                part = version / f".{MANIFEST_NAME}.part-{os.getpid()}"
-                part.write_bytes(manifest_bytes)
-                os.replace(part, version / MANIFEST_NAME)
-        except OSError as err:
-            raise RemoteError(f"cache directory {version}: {err.strerror or err}") from None
-        try:
-            manifest = load_manifest(version)
-        except DatasetError as err:
-            raise DatasetError(f"{redact(url)}: {err}") from None
-        reading = hold_for_reading(version)
-        try:
-            missing = [s for s in manifest.shards if shards and not _cached(version / s.file, s.bytes)]
-            make_room(spec.cache_dir, sum(s.bytes for s in missing), spec.cache_limit, version)
-            touch(version / READERS_LOCK_NAME)
-            _download_all(root, version, missing)
-        except BaseException:
-            reading.release()
-            raise
+    try:
+        with cache_lock(spec.cache_dir):
+            _place_manifest(version, manifest_bytes)
+            try:
+                manifest = load_manifest(version)
+            except DatasetError as err:
+                raise DatasetError(f"{redact(url)}: {err}") from None
+            reading = hold_for_reading(version)
+            try:
+                missing = [s for s in manifest.shards if shards and not _cached(version / s.file, s.bytes)]
+                make_room(spec.cache_dir, sum(s.bytes for s in missing), spec.cache_limit, version)
+                touch(version / READERS_LOCK_NAME)
+                _download_all(root, version, missing)
+            except BaseException:
+                reading.release()
+                raise
+    except OSError as err:  # the cache's own files: permissions, a full disk, locks the filesystem refuses
+        raise RemoteError(f"cache {spec.cache_dir}: {err.strerror or err} (opening {redact(url)})") from None
     return CachedDataset(url, version, reading)
+
+
+def reopen_cached(source_url: str, path: Path, spec: RemoteSpec) -> CachedDataset:
+    """Hold a version already opened elsewhere (a dataset unpickled in a worker), without the network.
+
+    When the cached copy is whole (its manifest matches the version's name and every shard is there),
+    no request is made: a worker starts while the store is unreachable, and it reads the version it
+    was handed, never a newer one written at the same URL since. A copy evicted meanwhile is fetched
+    again; if the URL now holds another version, a RemoteError says the dataset changed.
+    """
+    try:
+        manifest = load_manifest(path)
+        whole = (hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()[:16] == path.name
+                 and all(_cached(path / s.file, s.bytes) for s in manifest.shards))
+        if whole:
+            return CachedDataset(source_url, path, hold_for_reading(path))
+    except (DatasetError, OSError):
+        pass  # evicted or damaged: fetch it again below
+    cached = open_remote(source_url, None, spec)
+    if cached.path != path:
+        cached.release()
+        raise RemoteError(f"{redact(source_url)}: the dataset changed in storage since this copy of it was opened "
+                          f"(another manifest); open it again")
+    return cached
+
+
+def _place_manifest(version: Path, manifest_bytes: bytes) -> None:
+    """Write the version's manifest (atomically, fsynced) unless the same bytes are already there."""
+    version.mkdir(parents=True, exist_ok=True)
+    target = version / MANIFEST_NAME
+    for stale in version.glob(f".{MANIFEST_NAME}.part-*"):  # an earlier writer's, interrupted (we hold the lock)
+        stale.unlink(missing_ok=True)
+    try:
+        if target.read_bytes() == manifest_bytes:
+            return
+    except OSError:
+        pass
+    part = version / f".{MANIFEST_NAME}.part-{os.getpid()}-{threading.get_ident()}"
+    with open(part, "wb") as f:
+        f.write(manifest_bytes)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, target)
 
 
 def _cached(path: Path, size: int) -> bool:
@@ -173,7 +220,10 @@ def _download_all(root: RemoteRoot, version: Path, shards: list[ShardInfo]) -> N
             while thread.is_alive():
                 thread.join(0.1)
     finally:
-        stop.set()
+        stop.set()  # a transfer still in flight (after a Ctrl-C) renames nothing from now on
+        deadline = time.monotonic() + 2.0
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
     failures = [f for f in failures if not isinstance(f[1], DownloadStopped)]
     if failures:
         raise min(failures, key=lambda f: f[0])[1]

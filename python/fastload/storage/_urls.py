@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import DatasetError
+from ..errors import ArgumentError, DatasetError
 
 # The schemes obstore's from_url understands that fastload accepts as dataset locations.
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "adl", "azure", "http", "https")
@@ -31,12 +31,24 @@ def redact(url: str) -> str:
     """Return ``url`` without user information or query (where presigned URLs and SAS tokens put secrets)."""
     try:
         parts = urlsplit(url)
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
     except ValueError:
         return "<unparsable URL>"
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def check_dataset_url(url: str) -> None:
+    """Refuse a dataset URL with user information, a query or a fragment (credentials go in storage_options)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parses it: raises ValueError when it is not a number)
+    except ValueError as err:
+        raise ArgumentError(f"{redact(url)}: not a valid URL ({err})") from None
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise ArgumentError(f"{redact(url)}: a dataset URL takes no user, password, query or fragment; pass "
+                            f"credentials and tokens in storage_options (they are never shown)")
 
 
 def url_secrets(url: str) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import FastloadError
 from ..format._splits import split_dirs
 from ..format._verify import VerifyReport, verify_dataset
-from ..storage import RemoteSpec, is_remote, open_remote, redact, remote_splits
+from ..storage import CachedDataset, RemoteSpec, is_remote, open_remote, redact, remote_splits
 from ._info import describe_dataset, describe_installation
 
 
@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fastload: error: {err}", file=sys.stderr)
         return 1
     except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
-        print(f"fastload: error: {args.directory}: info stopped: {type(err).__name__}: {err}", file=sys.stderr)
+        shown = redact(args.directory) if is_remote(args.directory) else args.directory
+        print(f"fastload: error: {shown}: info stopped: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     return 0
 
@@ -66,15 +67,18 @@ def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bo
         print(f"fastload: error: --jobs must be at least 1, not {jobs}", file=sys.stderr)
         return 2
     remote: dict[str, Path] | None = None
+    held: list[CachedDataset] = []  # the downloaded copies, kept from eviction until verify is done
     try:
         splits = None if is_remote(directory) else split_dirs(directory)
         if is_remote(directory):
-            remote = _download_remote(directory)
+            remote = _download_remote(directory, held)
+            directory = redact(directory)
     except FastloadError as err:
         print(err)
         return 1
     except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
-        print(f"{directory}: verify stopped: {type(err).__name__}: {err}")
+        shown = redact(directory) if is_remote(directory) else directory
+        print(f"{shown}: verify stopped: {type(err).__name__}: {err}")
         return 1
     targets = {directory: Path(directory)} if splits is None else {f"{directory} [{n}]": d for n, d in splits.items()}
     if remote is not None:
@@ -97,15 +101,16 @@ def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bo
     return 0 if total.ok else 1
 
 
-def _download_remote(url: str) -> dict[str, Path]:
+def _download_remote(url: str, held: list[CachedDataset]) -> dict[str, Path]:
     """Download a remote dataset (every split of a root) into the cache; return name -> cached directory.
 
     The downloads are checked against the manifests' hashes as they arrive; verify then checks every record.
     """
     spec = RemoteSpec.build(None, None, None)
     splits = remote_splits(url, spec)
-    targets = {url: url} if splits is None else {f"{redact(url)} [{n}]": u for n, u in splits.items()}
-    return {name: open_remote(split_url, None, spec).path for name, split_url in targets.items()}
+    targets = {redact(url): url} if splits is None else {f"{redact(url)} [{n}]": u for n, u in splits.items()}
+    held.extend(open_remote(split_url, None, spec) for split_url in targets.values())
+    return {name: cached.path for name, cached in zip(targets, held)}
 
 
 if __name__ == "__main__":
