@@ -28,9 +28,11 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
 
     With ``workers <= 1`` everything runs in this process. Otherwise at most
     ``4 * workers`` tasks are in flight, so memory stays bounded however many
-    inputs there are. When the consumer stops early (an error, Ctrl-C, the
-    generator closed) the workers are killed at once, busy or not (Ctrl-C may
-    come inside ``submit``, before its future is recorded): they only compute,
+    inputs there are. When the map ends (all results taken, or the consumer
+    stopped early: an error, Ctrl-C, the generator closed) the workers are
+    killed at once, busy or not (Ctrl-C may come inside ``submit``, before its
+    future is recorded; a polite shutdown at the end once waited for ever on a
+    worker that never took its sentinel): they only compute,
     what they would still return is not wanted, and one stuck in a task (a
     dataset that blocks, a lock inherited through the fork) must not hang the
     caller. A worker that dies shows as ``BrokenProcessPool`` at every task
@@ -64,7 +66,6 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
     executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
                                    initargs=(os.getpid() if die_with_parent else None, initializer, initargs))
     pending: deque[Future[Any]] = deque()
-    finished = False
     try:
         for args in arg_tuples:
             with _sigint_blocked(), _keyboard_interrupt_deferred():  # a submit may start workers and threads
@@ -73,12 +74,17 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
                 yield _outcome(pending.popleft())
         while pending:
             yield _outcome(pending.popleft())
-        finished = True
     finally:
         try:
-            if not finished:
-                # Not cancelling futures here: the executor's thread fails every pending one once it
-                # sees a worker gone, and raises on one cancelled meanwhile (InvalidStateError).
+            # Killed whether the map finished or not: they only compute, and every result wanted has
+            # been received. A polite shutdown sends each worker a sentinel through the task queue and
+            # joins it; a worker that never takes it (seen: one waiting for ever on the queue's lock)
+            # hung the run at its very end. Not cancelling futures here: the executor's thread fails
+            # every pending one once it sees a worker gone, and raises on one cancelled meanwhile.
+            # A Ctrl-C is held back meanwhile: raised halfway (one worker killed, the other not), it left
+            # the live one waiting for ever on the task queue's lock, which the killed one held (an idle
+            # worker holds it while it waits for a task), and the shutdown below joining it.
+            with _sigint_blocked(), _keyboard_interrupt_deferred():
                 _kill_workers(executor)
         finally:
             executor.shutdown(wait=True, cancel_futures=True)
@@ -163,17 +169,31 @@ def _start_worker(parent: int | None, initializer: Callable[..., None] | None, i
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    if parent is not None and sys.platform.startswith("linux"):
+    if parent is not None:
         _die_with_parent(parent)
     if initializer is not None:
         initializer(*initargs)
 
 
+def _resolve_prctl() -> Callable[..., int] | None:
+    """Return libc's ``prctl`` (Linux), resolved here in the parent: a forked worker must not dlopen."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved once at import, before any fork: dlopen/dlsym in a child forked from a process with other
+# threads can wait for ever on a loader lock one of those threads held at the fork.
+_PRCTL = _resolve_prctl()
+
+
 def _die_with_parent(parent: int) -> None:
     """Have the kernel SIGKILL this process when ``parent`` ends (``prctl(PR_SET_PDEATHSIG)``); exit if it has."""
     pr_set_pdeathsig = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+    if _PRCTL is None or _PRCTL(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
         return  # not fatal: the parent kills its workers on every exit path it sees
     if os.getppid() != parent:  # it ended before the request took effect
         os._exit(1)
