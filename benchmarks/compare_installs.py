@@ -60,12 +60,13 @@ def main() -> None:
     parser.add_argument("--before", required=True)
     parser.add_argument("--after", default="")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default="", help="run only configurations whose name contains this")
     args = parser.parse_args()
     datasets = {d.name: d for d in all_datasets()}
     results: dict[tuple, dict[str, list[dict]]] = {}
     for r in range(args.rounds):
         for name, backend, workers in CONFIGS:
-            if name not in datasets:
+            if name not in datasets or args.only not in f"{name} {backend} {workers}":
                 continue
             path = ensure(datasets[name])
             order = [("before", args.before), ("after", args.after)]
