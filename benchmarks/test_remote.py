@@ -97,9 +97,14 @@ def test_remote_epoch(benchmark, s3, ds, phase):
     with tempfile.TemporaryDirectory(prefix="fastload-bench-cache-") as tmp:
         caches = iter(range(1000))
         cold = [Path(tmp) / "none"]
-        warm = fastload.ShardLoader(urls[ds.name], storage_options=options, cache_dir=Path(tmp) / "warm", **kwargs)
-
-        local = fastload.ShardLoader(str(ensure(ds)), **kwargs)  # built before the rounds, as the warm one
+        # The warm and local loaders are built before the rounds (the warm one filling its cache), each
+        # only for its own phase.
+        warm = local = None
+        if phase == "remote-warm":
+            warm = fastload.ShardLoader(urls[ds.name], storage_options=options, cache_dir=Path(tmp) / "warm",
+                                        **kwargs)
+        if phase == "local":
+            local = fastload.ShardLoader(str(ensure(ds)), **kwargs)
 
         def make():
             if phase == "local":
