@@ -51,12 +51,19 @@ def manifest_without_time(root: Path) -> dict:
     return manifest
 
 
+def default_sigint() -> None:
+    """In the child before exec: SIGINT's default action, so that Python installs its handler even where
+    this test run ignores SIGINT (a background job of a non-interactive shell, as some CI runners start)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(scenes: Path, out: Path) -> tuple[subprocess.Popen, float]:
     """Start the command in a session of its own; return it once it has made its output directory (options
     checked, sources found; probing, encoding and writing are ahead), with that time."""
     proc = subprocess.Popen([sys.executable, "-m", "fastload.preprocess", "--data-dir", str(scenes),
                              "--output-dir", str(out), "--workers", "2", *OPTIONS],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_sigint)
     while not out.exists():
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.002)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -343,13 +344,14 @@ def test_ctrl_c_during_a_download_leaves_nothing_a_later_run_trusts(tiles, proxy
               f"print('opening', flush=True); "
               f"fastload.ShardDataset({url!r}, storage_options=options, cache_dir={str(cache)!r})")
     proc = subprocess.Popen([sys.executable, "-c", script, pickle.dumps(options).hex()], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,  # SIGINT's default even in a run that ignores it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None and proc.stdout.readline() == "opening\n"
     deadline = time.monotonic() + 60
     while not list(cache.rglob("*.lmdb.part-*")) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert list(cache.rglob("*.lmdb.part-*")), "no download started"
-    proc.send_signal(2)  # SIGINT
+    proc.send_signal(signal.SIGINT)
     sent = time.monotonic()
     _, err = proc.communicate(timeout=60)
     assert time.monotonic() - sent < 10, "Ctrl-C waited for the downloads in flight"

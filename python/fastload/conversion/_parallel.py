@@ -99,8 +99,9 @@ def _kill_workers(executor: ProcessPoolExecutor) -> None:
     A worker killed while sending a result leaves half a message in the
     result pipe and the manager thread blocked reading the rest; with every
     worker dead, closing this process's write end of that pipe turns the read
-    into end-of-file, and the pool breaks and ends. Likewise the task pipe's
-    read end, for a feeder thread blocked writing into it.
+    into end-of-file, and the pool breaks and ends (its thread then closes the
+    task pipe's read end itself: closing it here too raced with that thread, a
+    double close of one descriptor).
     """
     processes = list((getattr(executor, "_processes", None) or {}).values())
     for process in processes:
@@ -111,13 +112,6 @@ def _kill_workers(executor: ProcessPoolExecutor) -> None:
     results = getattr(executor, "_result_queue", None)
     if results is not None:
         results._writer.close()
-    calls = getattr(executor, "_call_queue", None)
-    if calls is not None:
-        # The queue's feeder thread may be blocked writing a task into the pipe (a task can be larger
-        # than the pipe's buffer) that only the killed workers read: with this process's read end
-        # closed too, the write fails instead of waiting for ever, and the executor's shutdown, which
-        # joins that thread, ends (Python 3.11.7 closes it only on some of its paths).
-        calls._reader.close()
 
 
 @contextmanager
