@@ -12,6 +12,7 @@ __all__ = [
     "ArgumentError",
     "ArgumentIndexError",
     "ArgumentTypeError",
+    "ClusterError",
     "CorruptRecordError",
     "CorruptShardError",
     "DatasetError",
@@ -68,6 +69,13 @@ class ImageReadError(FastloadError):
 
     def __reduce__(self):  # crosses process boundaries from the encoding workers
         return (type(self), (self.path, self.reason))
+
+
+class ClusterError(FastloadError):
+    """The Dask cluster of a conversion is unusable: ``distributed`` missing, the scheduler unreachable or lost.
+
+    The message names the scheduler (or the extra to install, ``pip install "fastload[dask]"``).
+    """
 
 
 class DatasetError(FastloadError):

@@ -57,6 +57,12 @@ def check_options(args: argparse.Namespace) -> None:
     """Raise UsageError for an out-of-range value or a combination that would be silently ignored."""
     if args.workers < 1:
         raise UsageError(f"--workers must be at least 1, not {args.workers}")
+    if getattr(args, "scheduler", None) and args.workers != 1:
+        raise UsageError(f"--workers {args.workers} with --scheduler: the Dask cluster's workers encode; drop "
+                         "--workers (it counts local processes)")
+    timeout = getattr(args, "scheduler_timeout", None)
+    if timeout is not None and not timeout > 0:
+        raise UsageError(f"--scheduler-timeout must be positive, not {timeout}")
     if args.samples_per_shard is not None and args.samples_per_shard < 1:
         raise UsageError(f"--samples-per-shard must be at least 1, not {args.samples_per_shard}")
     if args.level is not None:
@@ -78,7 +84,8 @@ def check_options(args: argparse.Namespace) -> None:
              ("stratify", "--stratify/--no-stratify", "val_fraction", "--val-fraction"),
              ("label_column", "--label-column", "labels", "--labels"),
              ("path_column", "--path-column", "labels", "--labels"),
-             ("h5_labels", "--h5-labels", "h5_dataset", "--h5-dataset")]
+             ("h5_labels", "--h5-labels", "h5_dataset", "--h5-dataset"),
+             ("scheduler_timeout", "--scheduler-timeout", "scheduler", "--scheduler")]
     for option, flag, required, required_flag in needs:
         if getattr(args, option, None) is not None and getattr(args, required, None) is None:
             raise UsageError(f"{flag} needs {required_flag}")

@@ -13,6 +13,11 @@ shard filling and one being written.
   generator) is read in this process, in order; workers encode the chunks.
   Resuming one re-reads it from the start and skips what is written, so its
   order must be the same on every pass.
+
+With ``client`` (a Dask ``distributed.Client``) the chunks are encoded on its
+cluster instead of local processes (``_dask_map``): a map-style dataset is
+pickled (cloudpickle) and scattered once to every worker; this process still
+writes every shard, so the bytes are the same.
 """
 
 from __future__ import annotations
@@ -96,7 +101,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
                   workers: int = 1, resume: bool = False, overwrite: bool = False,
                   names: Sequence[str] | None = None, progress: bool = True, layout: str | None = None,
                   quality: int | None = None, subsampling: str | None = None, prefer: str = "balanced",
-                  lossy_ok: bool = False) -> Manifest:
+                  lossy_ok: bool = False, client: Any = None) -> Manifest:
     """Write every sample of ``source`` as a shard dataset in ``out_dir`` and return its manifest.
 
     ``source``: a map-style or iterable torch ``Dataset``, a HuggingFace
@@ -117,6 +122,14 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     The output is byte-identical for any
     ``workers``; ``resume=True`` continues an interrupted write (ValueError
     when the options differ from the recorded ones).
+
+    ``client``: a Dask ``distributed.Client`` (extra ``fastload[dask]``): the
+    samples are read and encoded on its cluster (a map-style dataset must
+    pickle; paths it opens must be the same on every worker) and this process
+    writes the shards, byte-identical to a one-machine run for any number of
+    Dask workers and any task retries (docs/dask.md). ``workers`` must then
+    stay 1 (ArgumentError otherwise). ClusterError when Dask's
+    ``distributed`` is not installed or the scheduler is lost.
     """
     names = check_names(names)
     check_codecs(codec, None)  # the field names are checked once the first sample gives them
@@ -132,6 +145,13 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
         raise ArgumentError(f"workers must be an integer in [1, {MAX_WORKERS}], not {workers!r}")
     if workers < 1 or (samples_per_shard is not None and samples_per_shard < 1):
         raise ArgumentError(f"workers and samples_per_shard must be positive, not {workers} and {samples_per_shard}")
+    if client is not None:
+        from ._dask_map import check_client
+
+        check_client(client)
+        if workers != 1:
+            raise ArgumentError(f"workers={workers} with client=: the Dask cluster's workers encode; "
+                                "leave workers at 1")
     try:
         shard_bytes = parse_size(shard_size) if shard_size is not None else None
     except Exception as err:
@@ -225,7 +245,11 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
                    encode=_encode_range if map_style else _encode_arrays,
                    stamp=f"{kind}|{count}|{[f.to_json() for f in fields]}",
                    worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample")
-    return write_job(job, workers, skip_bad=False, resume=resume, progress=progress).manifest
+    if client is not None and progress:
+        from ._dask_map import describe
+
+        print(describe(client))
+    return write_job(job, workers, skip_bad=False, resume=resume, progress=progress, client=client).manifest
 
 
 

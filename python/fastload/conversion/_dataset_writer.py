@@ -170,8 +170,13 @@ def _image_tasks(job: WriteJob, start: tuple[int, int]) -> Iterator[Task]:
         yield (i, first, (job.settings, src.relpath, src.label, first))
 
 
-def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, progress: bool = True) -> WriteResult:
+def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, progress: bool = True,
+                  client: Any = None) -> WriteResult:
     """Write ``job.out_dir`` (shards, then the manifest) and return what was written.
+
+    The encode tasks run in ``workers`` processes, or on the Dask cluster of
+    ``client`` when one is given; this process writes the shards in order
+    either way, so the bytes are the same.
 
     Raises PreprocessError on a bad source image unless ``skip_bad``; the
     shards completed so far stay on disk with the journal, and no manifest.
@@ -227,9 +232,9 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     outcomes: Iterator[tuple[list[bytes] | None, BaseException | None]] = iter(())
     try:
         tasks, metas = itertools.tee((job.tasks or (lambda p: _image_tasks(job, p)))(start))
-        init = job.worker_init
-        outcomes = ordered_map(job.encode, (args for _, _, args in tasks), workers,
-                               *(init if init is not None else ()))
+        initializer, initargs = job.worker_init if job.worker_init is not None else (None, ())
+        outcomes = ordered_map(job.encode, (args for _, _, args in tasks), workers, initializer, initargs,
+                               client=client)
         skipping = -1
         failures: list[str] = []
         for (index, first_tile, _), (records, error) in zip(metas, outcomes):

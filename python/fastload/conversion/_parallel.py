@@ -23,8 +23,12 @@ WAIT_SLICE_S = 0.1
 
 def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
                 initializer: Callable[..., None] | None = None,
-                initargs: tuple = ()) -> Iterator[tuple[T | None, BaseException | None]]:
+                initargs: tuple = (), client: Any = None) -> Iterator[tuple[T | None, BaseException | None]]:
     """Yield ``(result, None)`` or ``(None, exception)`` for each argument tuple, in input order.
+
+    With a Dask ``client`` (a ``distributed.Client``) the tasks run on its
+    cluster instead, with the same contract (``_dask_map.dask_ordered_map``),
+    and ``workers`` is not used.
 
     With ``workers <= 1`` everything runs in this process. Otherwise at most
     ``4 * workers`` tasks are in flight, so memory stays bounded however many
@@ -49,6 +53,11 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
     process when ``workers <= 1``), e.g. to hand every worker a dataset once
     rather than with every task.
     """
+    if client is not None:
+        from ._dask_map import dask_ordered_map
+
+        yield from dask_ordered_map(client, fn, arg_tuples, initializer, initargs)
+        return
     if workers <= 1:
         if initializer is not None:
             initializer(*initargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ..format._dtypes import dtype_name
 from ..format._record import Field
@@ -17,15 +18,18 @@ from ._sources import Source, SourceError
 
 
 def probe_stacks(data_dir: Path, sources: list[Source], dataset: str, labels: str | None, workers: int,
-                 skip_bad: bool) -> tuple[dict[str, StackInfo], list[dict]]:
-    """Probe every HDF5 file; return infos by path and the unreadable ones (all listed in one error)."""
+                 skip_bad: bool, client: Any = None) -> tuple[dict[str, StackInfo], list[dict]]:
+    """Probe every HDF5 file (in ``workers`` processes, or on a Dask ``client``'s cluster).
+
+    Return infos by path and the unreadable ones (all listed in one error).
+    """
     others = [s.relpath for s in sources if Path(s.relpath).suffix.lower() not in (".h5", ".hdf5")]
     if others:
         raise SourceError(f"--h5-dataset reads only .h5/.hdf5 files; move these out of {data_dir}:{listed(others)}")
     infos: dict[str, StackInfo] = {}
     bad: list[dict] = []
     args = ((data_dir / s.relpath, dataset, labels) for s in sources)
-    for src, (info, err) in zip(sources, ordered_map(probe_stack, args, workers)):
+    for src, (info, err) in zip(sources, ordered_map(probe_stack, args, workers, client=client)):
         if isinstance(err, ImageReadError):
             bad.append({"path": src.relpath, "error": err.reason})
         elif err is not None:

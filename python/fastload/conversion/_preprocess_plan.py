@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ._dataset_writer import PreprocessError
 from ._encode import TileSpec
@@ -28,14 +29,16 @@ def listed(items: list[str]) -> str:
 
 
 def probe_all(data_dir: Path, sources: list[Source], npy_layout: str, mode: str, workers: int,
-              skip_bad: bool) -> tuple[list[Source], list[ImageInfo], list[dict]]:
+              skip_bad: bool, client: Any = None) -> tuple[list[Source], list[ImageInfo], list[dict]]:
     """Probe every source; return (readable sources, their infos, the unreadable ones).
+
+    The probes run in ``workers`` processes, or on a Dask ``client``'s cluster.
 
     Raises PreprocessError listing every unreadable file unless ``skip_bad``.
     """
     good, infos, bad = [], [], []
     args = ((data_dir / s.relpath, npy_layout, mode) for s in sources)
-    for src, (info, err) in zip(sources, ordered_map(probe_image, args, workers)):
+    for src, (info, err) in zip(sources, ordered_map(probe_image, args, workers, client=client)):
         if err is None:
             assert info is not None
             good.append(src)

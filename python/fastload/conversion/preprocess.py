@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..errors import DatasetError
+from ..errors import ClusterError, DatasetError
 from ..format._codecs import (
     CODECS,
     IMAGE_CODECS,
@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subsampling", choices=JPEG_SUBSAMPLING,
                    help=f"jpeg chroma subsampling of 3-channel images (default {JPEG_DEFAULT_SUBSAMPLING})")
     p.add_argument("--workers", type=int, default=1, help="encoding processes; output is identical for any value")
+    p.add_argument("--scheduler", metavar="ADDRESS_OR_FILE",
+                   help="encode on this Dask cluster instead of local processes: a scheduler address "
+                        "(tcp://host:8786) or scheduler file (JSON); needs the extra fastload[dask]; identical output")
+    p.add_argument("--scheduler-timeout", type=float, metavar="SECONDS",
+                   help="how long to wait for the --scheduler to answer (default 30)")
     p.add_argument("--skip-bad", action="store_true", help="skip unreadable images, listing them in the manifest")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
@@ -194,11 +199,16 @@ def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def run(args: argparse.Namespace) -> list[WriteResult]:
+def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
     """Run preprocess_tiles for parsed arguments; return one result per written dataset.
 
     Every option is checked before any image is read; every image is probed
     before anything is written; a plan with an empty output or split is refused.
+    The probes and encode tasks run on a Dask cluster with ``client`` (a
+    ``distributed.Client``) or ``args.scheduler`` (connected here, closed at the
+    end), otherwise in ``args.workers`` local processes; the output is the same.
+    Raises ClusterError when Dask's ``distributed`` is missing or the scheduler
+    does not answer.
     """
     check_options(args)
     data_dir: Path = args.data_dir.resolve() if args.data_dir.exists() else args.data_dir
@@ -206,6 +216,26 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
     if args.resume:
         check_resume_options(args.output_dir, option_doc)
     sources, classes = _sources_and_classes(args, data_dir)
+    own_client = None
+    if client is None and getattr(args, "scheduler", None):
+        from ._dask_map import CONNECT_TIMEOUT_S, connect
+
+        timeout = args.scheduler_timeout if args.scheduler_timeout is not None else CONNECT_TIMEOUT_S
+        client = own_client = connect(args.scheduler, timeout)
+    try:
+        if client is not None:
+            from ._dask_map import check_client, describe
+
+            check_client(client)
+            print(describe(client))
+        return _run(args, client, data_dir, option_doc, sources, classes)
+    finally:
+        if own_client is not None:
+            own_client.close()
+
+
+def _run(args: argparse.Namespace, client: Any, data_dir: Path, option_doc: dict[str, Any], sources: list[Source],
+         classes: list[str] | None) -> list[WriteResult]:
     _prepare_output(args.output_dir, args.overwrite, args.resume, getattr(args, "argv", None))
 
     labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
@@ -215,7 +245,7 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         if args.codec == "auto":
             raise UsageError("--codec auto works on images; name a codec with --h5-dataset")
         stacks, probe_bad = probe_stacks(data_dir, sources, args.h5_dataset, args.h5_labels, args.workers,
-                                         args.skip_bad)
+                                         args.skip_bad, client)
         options = default_options(args.codec, args.level, None, args.quality, args.subsampling)
         try:
             fields = stack_fields(next(iter(stacks.values())), args.dtype, args.codec, options, labelled)
@@ -227,7 +257,7 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         plans = [stack_plan(name, part, stacks) for name, part in parts]
     else:
         good, infos, probe_bad = probe_all(data_dir, sources, args.npy_layout, args.mode, args.workers,
-                                           args.skip_bad)
+                                           args.skip_bad, client)
         if not good:
             raise PreprocessError(f"{data_dir}: every image was unreadable")
         ref = check_consistent(good, infos, args.tile_size is not None, args.dtype)
@@ -279,7 +309,7 @@ def run(args: argparse.Namespace) -> list[WriteResult]:
         job = WriteJob(out, settings, plan.sources, plan.tile_counts, bad, limits, provenance, extra)
         if stacks is not None:
             job = stack_job(job, settings, stacks)
-        results.append(write_dataset(job, args.workers, args.skip_bad, args.resume, not args.no_progress))
+        results.append(write_dataset(job, args.workers, args.skip_bad, args.resume, not args.no_progress, client))
     if len(plans) > 1:
         per_class = labelled and not args.h5_labels
         index = {p.name: {"path": p.name, "samples": p.samples, "sources": len(p.sources),
@@ -368,7 +398,8 @@ def _summary(results: list[WriteResult], elapsed: float) -> str:
     ratio = decoded / out_bytes if out_bytes else 0.0
     return (f"done: {samples} samples in {shards} shards; source files {source / 1e6:.1f} MB, "
             f"decoded {decoded / 1e6:.1f} MB, shards {out_bytes / 1e6:.1f} MB (ratio {ratio:.2f}x); "
-            f"{elapsed:.2f} s, {decoded / 1e6 / max(elapsed, 1e-9):.1f} MB/s decoded, "
+            f"{elapsed:.2f} s, {samples / max(elapsed, 1e-9):.0f} samples/s, "
+            f"{decoded / 1e6 / max(elapsed, 1e-9):.1f} MB/s decoded, "
             f"{source / 1e6 / max(elapsed, 1e-9):.1f} MB/s of source files")
 
 
@@ -389,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"preprocess_tiles: error: {err}", file=sys.stderr)
         return 2
-    except (SourceError, PreprocessError, DatasetError) as err:
+    except (SourceError, PreprocessError, DatasetError, ClusterError) as err:
         print(f"preprocess_tiles: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
