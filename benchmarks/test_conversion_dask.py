@@ -1,0 +1,78 @@
+"""Conversion on a Dask cluster against the built-in process pool: the engine's overhead (issue 27).
+
+Run: ``pytest benchmarks/test_conversion_dask.py --benchmark-only -s`` (``FASTLOAD_BENCH_QUICK=1``
+for a tiny run). The same ``write_dataset`` of the same map-style dataset (3x128x128 uint8 tiles
+built from their index, ``write_dataset_throughput.Tiles``) with ``workers=2`` (the process pool)
+and with ``client=`` a ``LocalCluster`` of 2 worker processes of 1 thread each on 127.0.0.1. Each
+round runs both, alternating, so machine load hits both alike; the best round of each counts.
+Recorded: ``samples_per_s`` and ``mb_per_s`` of the Dask run, ``pool_samples_per_s``, and
+``ratio_to_pool`` (Dask over pool; the goal is at least 0.9). The outputs are compared byte for
+byte each round. The driver writes every shard in both (docs/dask.md).
+"""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from datasets import QUICK
+from measure import EpochResult, MemorySampler, extra_info
+from write_dataset_throughput import Tiles
+
+import fastload
+
+distributed = pytest.importorskip("distributed")
+
+SAMPLES = 300 if QUICK else 4000
+ROUNDS = 1 if QUICK else 3
+SAMPLE_BYTES = 3 * 128 * 128 + 8
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+def timed_write(out: Path, codec: str, **engine) -> float:
+    if out.exists():
+        shutil.rmtree(out)
+    start = time.perf_counter()
+    m = fastload.write_dataset(Tiles(SAMPLES), out, codec=codec, names=("image", "label"), progress=False, **engine)
+    seconds = time.perf_counter() - start
+    assert m.total == SAMPLES
+    return seconds
+
+
+@pytest.mark.parametrize("codec", ["raw", "zstd"], ids=lambda c: f"conversion-dask-{c}-dask-2-vs-pool-2")
+def test_conversion_dask_vs_pool(benchmark, client, tmp_path, codec):
+    benchmark.group = f"conversion-dask-{codec}"
+    timed_write(tmp_path / "warm", codec, client=client)  # the workers import fastload and torch once
+    pool, dask = EpochResult(samples=SAMPLES), EpochResult(samples=SAMPLES)
+    cpu = time.process_time
+
+    def round_() -> None:
+        for result, engine, out in ((pool, {"workers": 2}, tmp_path / "pool"),
+                                    (dask, {"client": client}, tmp_path / "dask")):
+            cpu0 = cpu()
+            seconds = timed_write(out, codec, **engine)
+            result.seconds.append(seconds)
+            result.first_batch.append(seconds)  # a conversion delivers nothing usable before it ends
+            result.cpu.append(cpu() - cpu0)  # this process's: the driver's share
+        names = sorted(p.name for p in (tmp_path / "pool").glob("*.lmdb"))
+        _, differ, missing = filecmp.cmpfiles(tmp_path / "pool", tmp_path / "dask", names, shallow=False)
+        assert names and differ == [] and missing == []
+
+    with MemorySampler() as memory:
+        benchmark.pedantic(round_, rounds=ROUNDS, warmup_rounds=0)
+    benchmark.extra_info.update(extra_info(dask, SAMPLE_BYTES, None, memory))
+    pool_rate = SAMPLES / min(pool.seconds)
+    ratio = benchmark.extra_info["samples_per_s"] / pool_rate
+    benchmark.extra_info.update({"codec": codec, "pool_samples_per_s": pool_rate, "ratio_to_pool": ratio})
+    print(f"\n{codec}: pool {pool_rate:,.0f} samples/s, dask {benchmark.extra_info['samples_per_s']:,.0f} "
+          f"samples/s ({benchmark.extra_info['mb_per_s']:.1f} MB/s), dask/pool {ratio:.2f}")
