@@ -58,6 +58,54 @@ def test_flipped_byte_is_reported_by_verify_dataset_and_loader(dataset):
         assert all(np.array_equal(b.numpy(), np.arange(10 * i, 10 * i + 10)) for i, b in enumerate(seen))
 
 
+def overflow_header_at(shard: Path, key: int) -> int:
+    """The file offset of the header of the overflow run holding one record (the 16 bytes before its value)."""
+    env = lmdb.open(str(shard), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        record = bytes(txn.get(key.to_bytes(8, "big")))
+    env.close()
+    data = shard.read_bytes()
+    at = data.find(record)
+    assert at >= 0 and data.find(record, at + 1) < 0 and (at - 16) % 4096 == 0  # a value on its own run
+    return at - 16
+
+
+@pytest.mark.parametrize("damage", ["flags", "run length"])
+def test_a_damaged_overflow_run_header_is_caught_when_its_record_is_read(tmp_path, damage):
+    # The loader's validation leaves each record's run header to the read (it lies on the record's own
+    # first page: checking it at open touched a page of every record); verify checks it up front.
+    out = tmp_path / "ds"
+    rng = np.random.default_rng(0)
+    fastload.write_arrays(out, {"image": rng.integers(0, 255, (40, 3, 32, 32), dtype=np.uint8),
+                                "label": np.arange(40, dtype=np.int64)})
+    shard = out / "shard-00000.lmdb"
+    header = overflow_header_at(shard, 25)
+    data = bytearray(shard.read_bytes())
+    if damage == "flags":
+        data[header + 10:header + 12] = (0).to_bytes(2, "little")  # no longer P_OVERFLOW
+        reason = f"page {header // 4096} is not the start of an overflow run"
+    else:
+        data[header + 12:header + 16] = (7).to_bytes(4, "little")  # a run of 7 pages for a 2-page value
+        reason = f"overflow run of 7 pages at page {header // 4096} does not fit a"
+    shard.write_bytes(bytes(data))
+
+    r = run_cli("fastload", "verify", str(out))
+    assert r.returncode == 1 and reason in r.stdout
+
+    for backend in ("native", "torch"):
+        loader = fastload.ShardLoader(out, batch_size=10, backend=backend, num_workers=0)
+        seen = []
+        with pytest.raises(CorruptRecordError, match=f"record 25: {reason}") as err:
+            for batch in loader:
+                seen.append(batch["label"].clone())
+        assert err.value.path == str(shard) and err.value.record == 25
+        assert [b.tolist() for b in seen] == [list(range(0, 10)), list(range(10, 20))]  # those before are intact
+    ds = fastload.ShardDataset(out)
+    assert ds[24]["label"] == 24
+    with pytest.raises(CorruptRecordError, match="record 25"):
+        ds[25]
+
+
 def test_truncated_shard(dataset):
     shard = dataset / "shard-00002.lmdb"
     size = shard.stat().st_size

@@ -78,9 +78,9 @@ class PyShardRecords {
       for (size_t f = 0; f < specs_.size(); ++f) {
         dest[f] = base[f] == nullptr ? nullptr : base[f] + row_list[i] * specs_[f].decoded_bytes;
       }
-      const auto [data, bytes] = file_->record(key);
       try {
         const MappedReadScope reading(file_->mapping());
+        const auto [data, bytes] = file_->record(key);
         decoder.decode(data, bytes, dest.data(), key, options_.schema_fingerprint);
       } catch (const DecodeError& err) {
         file_->check_unchanged_after_error();

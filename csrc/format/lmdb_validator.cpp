@@ -1,5 +1,6 @@
 #include "format/lmdb_validator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -79,8 +80,8 @@ bool power_of_two(uint64_t v) noexcept { return v != 0 && (v & (v - 1)) == 0; }
 
 class Validator {
  public:
-  Validator(const uint8_t* data, uint64_t size, uint64_t expected, const std::string& path)
-      : data_(data), size_(size), expected_(expected), path_(path) {}
+  Validator(const uint8_t* data, uint64_t size, uint64_t expected, const std::string& path, RunHeaders run_headers)
+      : data_(data), run_headers_(run_headers), size_(size), expected_(expected), path_(path) {}
 
   ShardLayout run() {
     if (size_ == 0) fail("the file is empty (0 bytes)");
@@ -285,27 +286,28 @@ class Validator {
     for (uint64_t i = 0; i < n; ++i) {
       const uint64_t off = node_offset(p, f.pgno, i);
       const uint8_t* node = p + off;
-      const std::string where = "leaf page " + std::to_string(f.pgno) + " node " + std::to_string(i);
+      // Built only for an error message: a string per record would be most of the walk's time.
+      const auto where = [&] { return node_name(f.pgno, i); };
       const uint16_t nflags = load<uint16_t>(node + 4);
       const uint64_t ksize = load<uint16_t>(node + 6);
       const uint64_t dsize = uint64_t{load<uint16_t>(node)} | (uint64_t{load<uint16_t>(node + 2)} << 16);
-      if (nflags != 0 && nflags != kBigData) fail(where + ": node flags " + std::to_string(nflags));
+      if (nflags != 0 && nflags != kBigData) fail(where() + ": node flags " + std::to_string(nflags));
       if (ksize != kKeyBytes || !range_inside(off + kNodeHeader, kKeyBytes, psize_)) {
-        fail(where + ": key size " + std::to_string(ksize) + ", expected 8");
+        fail(where() + ": key size " + std::to_string(ksize) + ", expected 8");
       }
       const uint64_t key = load_key(node + kNodeHeader);
       if (key != next_key_ || key < f.lo || (f.bounded && key >= f.hi)) {
-        fail(where + ": key " + std::to_string(key) + " where key " + std::to_string(next_key_) + " belongs");
+        fail(where() + ": key " + std::to_string(key) + " where key " + std::to_string(next_key_) + " belongs");
       }
       const uint64_t data_off = off + kNodeHeader + kKeyBytes;
       RecordSpan span;
       span.size = static_cast<uint32_t>(dsize);
       if (nflags == kBigData) {
-        if (!range_inside(data_off, 8, psize_)) fail(where + ": overflow page number outside the page");
-        span.offset = overflow(load<uint64_t>(node + kNodeHeader + kKeyBytes), dsize, where);
+        if (!range_inside(data_off, 8, psize_)) fail(where() + ": overflow page number outside the page");
+        span.offset = overflow(load<uint64_t>(node + kNodeHeader + kKeyBytes), dsize, f.pgno, i, &span.run_pages);
       } else {
         if (!range_inside(data_off, dsize, psize_)) {
-          fail(where + ": value of " + std::to_string(dsize) + " bytes runs past the page");
+          fail(where() + ": value of " + std::to_string(dsize) + " bytes runs past the page");
         }
         span.offset = base + data_off;
       }
@@ -314,26 +316,34 @@ class Validator {
     }
   }
 
-  // Checks the overflow run holding a value of `dsize` bytes; returns the
-  // value's file offset.
-  uint64_t overflow(uint64_t pgno, uint64_t dsize, const std::string& where) {
-    const uint8_t* p = page(pgno, "overflow");
-    if (load<uint16_t>(p + 10) != kOverflow || load<uint64_t>(p) != pgno) {
-      fail(where + ": page " + std::to_string(pgno) + " is not the start of an overflow run");
-    }
-    const uint64_t pages = load<uint32_t>(p + 12);
+  static std::string node_name(uint64_t leaf_pgno, uint64_t node) {
+    return "leaf page " + std::to_string(leaf_pgno) + " node " + std::to_string(node);
+  }
+
+  // Checks the overflow run holding a value of `dsize` bytes, named by node
+  // `node` of leaf page `leaf_pgno` (its header now, or by the reader:
+  // run_headers_); returns the value's file offset.
+  uint64_t overflow(uint64_t pgno, uint64_t dsize, uint64_t leaf_pgno, uint64_t node, uint32_t* run_pages) {
+    static_cast<void>(page(pgno, "overflow"));  // checks the page number
     const uint64_t needed = (kPageHeader - 1 + dsize) / psize_ + 1;  // LMDB's OVPAGES
+    const RecordSpan span{pgno * psize_ + kPageHeader, static_cast<uint32_t>(dsize),
+                          static_cast<uint32_t>(std::min<uint64_t>(needed, UINT32_MAX))};
+    if (run_headers_ == RunHeaders::now && !run_header_ok(data_, span, static_cast<uint32_t>(psize_))) {
+      fail(node_name(leaf_pgno, node) + ": " + run_header_problem(data_, span, static_cast<uint32_t>(psize_)));
+    }
     uint64_t end = 0;
-    if (pages != needed || !checked_add(pgno, pages, &end) || end - 1 > last_page_) {
-      fail(where + ": overflow run of " + std::to_string(pages) + " pages at page " + std::to_string(pgno) +
+    if (needed > UINT32_MAX || !checked_add(pgno, needed, &end) || end - 1 > last_page_) {
+      fail(node_name(leaf_pgno, node) + ": overflow run of " + std::to_string(needed) + " pages at page " + std::to_string(pgno) +
            " does not fit a " + std::to_string(dsize) + "-byte value inside the file");
     }
     for (uint64_t q = pgno; q < end; ++q) claim(q, "overflow");
-    layout_.overflow_pages += pages;
-    return pgno * psize_ + kPageHeader;
+    layout_.overflow_pages += needed;
+    *run_pages = span.run_pages;
+    return span.offset;
   }
 
   const uint8_t* data_;
+  RunHeaders run_headers_;
   uint64_t size_;
   uint64_t expected_;
   const std::string& path_;
@@ -346,8 +356,27 @@ class Validator {
 
 }  // namespace
 
-ShardLayout validate_lmdb(const uint8_t* data, uint64_t size, uint64_t expected_records, const std::string& path) {
-  return Validator(data, size, expected_records, path).run();
+ShardLayout validate_lmdb(const uint8_t* data, uint64_t size, uint64_t expected_records, const std::string& path,
+                          RunHeaders run_headers) {
+  return Validator(data, size, expected_records, path, run_headers).run();
+}
+
+bool run_header_ok(const uint8_t* data, const RecordSpan& span, uint32_t page_size) noexcept {
+  if (span.run_pages == 0) return true;
+  const uint8_t* header = data + (span.offset - kPageHeader);  // validate_lmdb placed the run inside the file
+  return load<uint16_t>(header + 10) == kOverflow && load<uint64_t>(header) == (span.offset - kPageHeader) / page_size &&
+         load<uint32_t>(header + 12) == span.run_pages;
+}
+
+std::string run_header_problem(const uint8_t* data, const RecordSpan& span, uint32_t page_size) {
+  if (run_header_ok(data, span, page_size)) return {};
+  const uint64_t pgno = (span.offset - kPageHeader) / page_size;
+  const uint8_t* header = data + (span.offset - kPageHeader);
+  if (load<uint16_t>(header + 10) != kOverflow || load<uint64_t>(header) != pgno) {
+    return "page " + std::to_string(pgno) + " is not the start of an overflow run";
+  }
+  return "overflow run of " + std::to_string(load<uint32_t>(header + 12)) + " pages at page " + std::to_string(pgno) +
+         " does not fit a " + std::to_string(span.size) + "-byte value inside the file";
 }
 
 }  // namespace fastload

@@ -21,9 +21,14 @@
 //     expected index (so keys are exactly 0..n-1 in order), and separator keys
 //     on branch pages that bound their subtrees (so a B-tree descent finds
 //     each key);
-//   - the first page of every overflow run: P_OVERFLOW, its own number, a run
-//     length equal to what the value size needs, inside the file, overlapping
-//     neither the tree nor another run;
+//   - every overflow run: inside the file, overlapping neither the tree nor
+//     another run, and its first page's header (P_OVERFLOW, its own number, a
+//     run length equal to what the value size needs). That header lies on the
+//     page the value starts on: with RunHeaders::when_read the walk does not
+//     read it (which would touch a page of every record, so map the whole
+//     file, before the first record is read: most of a fresh process's cost
+//     of opening a dataset of small records); the reader checks it with
+//     run_header_problem() when it reads the record (ShardFile::record);
 //   - depth, page counts and entry count equal to the database record, and
 //     the entry count equal to what the manifest says.
 //
@@ -42,7 +47,11 @@ namespace fastload {
 struct RecordSpan {
   uint64_t offset = 0;
   uint32_t size = 0;
+  uint32_t run_pages = 0;  // a value on an overflow run: the run's length (its header precedes `offset`); else 0
 };
+
+// When validate_lmdb checks the header of each record's overflow run.
+enum class RunHeaders { now, when_read };
 
 struct ShardLayout {
   uint32_t page_size = 0;
@@ -58,6 +67,17 @@ constexpr uint64_t kMinShardBytes = 2 * 4096;
 
 // Validates the `size` bytes at `data` (a whole shard file) for a shard that
 // must hold `expected_records` records. `path` only names the file in errors.
-ShardLayout validate_lmdb(const uint8_t* data, uint64_t size, uint64_t expected_records, const std::string& path);
+// With RunHeaders::when_read the overflow runs' headers are left to
+// run_header_problem(), which the caller must apply before it reads a record.
+ShardLayout validate_lmdb(const uint8_t* data, uint64_t size, uint64_t expected_records, const std::string& path,
+                          RunHeaders run_headers = RunHeaders::now);
+
+// Whether the header of the overflow run holding `span` in the validated file
+// at `data` (page size `page_size`) is right (true for a value not on an
+// overflow run). Reads the 16 bytes before the value.
+bool run_header_ok(const uint8_t* data, const RecordSpan& span, uint32_t page_size) noexcept;
+
+// What is wrong with that header, for an error message; empty when it is right.
+std::string run_header_problem(const uint8_t* data, const RecordSpan& span, uint32_t page_size);
 
 }  // namespace fastload

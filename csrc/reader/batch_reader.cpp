@@ -319,12 +319,11 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scra
     auto t0 = std::chrono::steady_clock::now();
     if (i + 1 < end) shards_->prefetch(job.indices[i + 1]);
     const auto [shard, key] = shards_->locate(job.indices[i]);
-    const auto [data, size] = shards_->shard(shard).record(key);
+    const ShardFile& file = shards_->shard(shard);
     if (const uint32_t delay = read_delay_us_.load(std::memory_order_relaxed); delay != 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(delay));  // tests only (set_read_delay_for_tests)
     }
     read_ns += elapsed_ns(t0);
-    bytes_read += size;
     for (size_t f = 0; f < fields_.size(); ++f) {
       if (!decode_[f]) {
         dest[f] = out[f] = nullptr;
@@ -335,9 +334,10 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scra
       dest[f] = transforms_ && transforms_->transforms(f) ? scratch.decoded[f].data() : out[f];
     }
     t0 = std::chrono::steady_clock::now();
-    const ShardFile& file = shards_->shard(shard);
     try {
       const MappedReadScope reading(file.mapping());
+      const auto [data, size] = file.record(key);
+      bytes_read += size;
       decoder.decode(data, size, dest.data(), key, fingerprints_[shard]);
     } catch (const DecodeError& err) {
       file.check_unchanged_after_error();  // damage read from a shard that changed: say so

@@ -65,7 +65,7 @@ uint64_t lookup_all(const ShardSet& shards, const std::vector<uint64_t>& indices
   uint64_t total = 0;
   for (uint64_t index : indices) {
     const auto [shard, key] = shards.locate(index);
-    total += shards.shard(shard).record(key).second;
+    total += shards.shard(shard).record_location(key).second;
   }
   return total;
 }

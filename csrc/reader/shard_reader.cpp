@@ -22,7 +22,7 @@ ShardFile::ShardFile(std::string path, uint64_t expected_records)
   {
     const MappedReadScope reading(*mapping_);
     try {
-      layout_ = validate_lmdb(mapping_->data(), mapping_->size(), expected_records, path_);
+      layout_ = validate_lmdb(mapping_->data(), mapping_->size(), expected_records, path_, RunHeaders::when_read);
     } catch (const CorruptShardError&) {
       mapping_->check_unchanged_after_error(path_);  // a walk over a changed file fails: say why
       throw;
@@ -39,6 +39,12 @@ ShardFile::~ShardFile() = default;
 void ShardFile::throw_missing(uint64_t key) const {
   throw CorruptRecordError(path_, key, "key not found in the shard (it holds " + std::to_string(spans_.size()) +
                                            " records)");
+}
+
+void ShardFile::throw_bad_run(uint64_t key) const {
+  const std::string problem = run_header_problem(map_, spans_[key], layout_.page_size);
+  mapping_->check_unchanged_after_error(path_);  // damage read from a file that changed: say so
+  throw CorruptRecordError(path_, key, problem);
 }
 
 ShardLayout validate_shard_file(const std::string& path, uint64_t expected_records) {
@@ -86,7 +92,7 @@ void ShardSet::prefetch(uint64_t global_index) const noexcept {
   const auto it = std::upper_bound(offsets_.begin(), offsets_.end(), global_index);
   const size_t shard = static_cast<size_t>(it - offsets_.begin()) - 1;
   const ShardFile& file = *shards_[shard];
-  const auto [data, size] = file.record(global_index - offsets_[shard]);
+  const auto [data, size] = file.record_location(global_index - offsets_[shard]);
   // The header and the first lines of the payload; the hardware prefetcher
   // follows the rest of a long record once the copy streams through it.
   const size_t bytes = std::min<size_t>(size, kPrefetchBytes);

@@ -2,7 +2,10 @@
 // without liblmdb.
 //
 // A ShardFile maps one shard file read-only and validates its whole LMDB
-// structure once (lmdb_validator.h) before any record is read. The walk
+// structure once (lmdb_validator.h) before any record is read, but for the
+// header of each record's overflow run, checked when the record is read
+// (record()): it lies on the record's own first page, so the validation walk
+// reads only the tree's pages, not a page of every record. The walk
 // learns where every record's value lies in the file, so a read is an index
 // into the mapping: no B-tree descent, no read transaction, and no LMDB code
 // running on untrusted pages. Shards are immutable, so there is nothing else
@@ -52,16 +55,27 @@ class ShardFile {
   void check_unchanged_after_error() const { mapping_->check_unchanged_after_error(path_); }
 
   // The bytes of record `key` (the index within the shard), valid while the
-  // ShardFile lives: read them inside a MappedReadScope of mapping() and call
-  // check_unchanged() after. Throws CorruptRecordError when the key is out of range.
+  // ShardFile lives: call it inside a MappedReadScope of mapping() (it reads the
+  // header of the record's overflow run, which the validation left to the read:
+  // lmdb_validator.h) and check_unchanged() after the bytes are read. Throws
+  // CorruptRecordError when the key is out of range or the run's header is wrong.
   std::pair<const uint8_t*, size_t> record(uint64_t key) const {
     if (key >= spans_.size()) throw_missing(key);
     const RecordSpan& s = spans_[key];
+    if (!run_header_ok(map_, s, layout_.page_size)) throw_bad_run(key);
     return {map_ + s.offset, s.size};
+  }
+
+  // Where record `key` lies, without reading the file (for prefetch hints and
+  // sizes): not for reading its bytes, record() is. Throws as record().
+  std::pair<const uint8_t*, size_t> record_location(uint64_t key) const {
+    if (key >= spans_.size()) throw_missing(key);
+    return {map_ + spans_[key].offset, spans_[key].size};
   }
 
  private:
   [[noreturn]] void throw_missing(uint64_t key) const;
+  [[noreturn]] void throw_bad_run(uint64_t key) const;
 
   std::string path_;
   std::unique_ptr<FileMapping> mapping_;

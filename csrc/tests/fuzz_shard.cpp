@@ -41,10 +41,11 @@ uint64_t claimed_records(const uint8_t* data, size_t size) {
 
 void decode_each(const ShardFile& shard, RecordDecoder& decoder, uint8_t* const* dest) {
   for (uint64_t key = 0; key < shard.records(); ++key) {
-    const auto [bytes, size] = shard.record(key);
     try {
+      const auto [bytes, size] = shard.record(key);  // checks the record's overflow run header
       decoder.decode(bytes, size, dest, key);
     } catch (const DecodeError&) {
+    } catch (const CorruptRecordError&) {
     }
   }
 }
@@ -79,12 +80,20 @@ void decode_all(const ShardFile& shard) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t expected = claimed_records(data, size);
-  try {
-    const ShardLayout layout = validate_lmdb(data, size, expected, "<fuzz>");
-    for (const RecordSpan& span : layout.records) {
-      if (span.offset > size || span.size > size - span.offset) __builtin_trap();  // a span outside the input
+  for (const RunHeaders headers : {RunHeaders::now, RunHeaders::when_read}) {
+    try {
+      const ShardLayout layout = validate_lmdb(data, size, expected, "<fuzz>", headers);
+      for (const RecordSpan& span : layout.records) {
+        if (span.offset > size || span.size > size - span.offset) __builtin_trap();  // a span outside the input
+        // The run (its header before the value, its whole length) lies inside the input too.
+        if (span.run_pages != 0 && (span.offset < 16 || (span.offset - 16) / layout.page_size + span.run_pages >
+                                                            size / layout.page_size)) {
+          __builtin_trap();
+        }
+        if (!run_header_ok(data, span, layout.page_size)) static_cast<void>(run_header_problem(data, span, layout.page_size));
+      }
+    } catch (const CorruptShardError&) {
     }
-  } catch (const CorruptShardError&) {
   }
   const int fd = ::memfd_create("shard", MFD_CLOEXEC);
   if (fd < 0) return 0;

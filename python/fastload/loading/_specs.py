@@ -45,10 +45,10 @@ BACKEND_ENV = "FASTLOAD_BACKEND"
 Auto = Literal["auto"]
 
 PINNED_PREFETCH_BYTES = 32 * 2**20
-# Plain batches in flight: at least this many bytes (and this many batches at most). A worker
-# descheduled in the middle of a chunk holds back the oldest batch; the others keep decoding only
-# while later batches are queued, so the queue must hold more work than a scheduler time slice
-# when there are more threads than cores (small records: 200 us of work per batch).
+# Plain batches in flight with more threads than cores: at least this many bytes (and this many
+# batches at most). A worker descheduled in the middle of a chunk holds back the oldest batch; the
+# others keep decoding only while later batches are queued, so the queue must hold more work than
+# a scheduler time slice (small records: 200 us of work per batch).
 MIN_PREFETCH_BYTES = 64 * 2**20
 MAX_AUTO_PREFETCH = 64
 
@@ -209,21 +209,33 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool) -> int:
+def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool, cores: int | None = None) -> int:
     """Return ``prefetch="auto"``: batches in flight for this many threads and this batch size.
 
-    Plain memory: at least one batch per thread and 2, and at least 64 MiB of batches (up to
-    64 batches), so that small batches keep many threads busy. Pinned: one batch per thread,
-    no more than about 32 MiB of batches: page-locked memory is scarce and torch rounds each
-    pinned batch up to a power of two; with batches of a few MiB, two or three in flight keep
-    every thread busy, since all threads work on the oldest batch.
+    Plain memory: one batch per thread and at least 4 while the threads fit the ``cores``
+    this process may run on (default: its CPU affinity). With more threads than cores, at
+    least 64 MiB of batches (up to 64 batches), so that small batches keep many threads busy
+    while one is descheduled. That deep window is not the default for every loader: a fresh
+    process faults in every page of its batch buffers once, and 64 MiB of them made the
+    first epoch of small records run at half the steady state (issue 26). Pinned: one batch
+    per thread, no more than about 32 MiB of batches: page-locked memory is scarce and torch
+    rounds each pinned batch up to a power of two; with batches of a few MiB, two or three in
+    flight keep every thread busy, since all threads work on the oldest batch.
     """
     prefetch = max(2, num_threads)
     if batch_bytes <= 0:
         return prefetch
     if pin_memory:
         return min(prefetch, max(2, -(-PINNED_PREFETCH_BYTES // batch_bytes)))
+    if num_threads <= (usable_cores() if cores is None else cores):
+        return max(4, num_threads)
     return max(prefetch, min(MAX_AUTO_PREFETCH, -(-MIN_PREFETCH_BYTES // batch_bytes)))
+
+
+def usable_cores() -> int:
+    """Return how many CPUs this process may run on (its affinity where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
 def resolve_pin_memory(pin_memory: bool | str, device: torch.device | None) -> bool:
