@@ -276,3 +276,47 @@ def test_scheduler_options_are_checked(tmp_path, image_dir, cluster):
     assert both.returncode == 2 and "--workers 2 with --scheduler" in both.stderr
     alone = preprocess(image_dir, tmp_path / "o", "--scheduler-timeout", "5")
     assert alone.returncode == 2 and "--scheduler-timeout needs --scheduler" in alone.stderr
+
+
+class SlowTiles(Tiles):
+    """Tiles that take a while each, so that a run is still going when its scheduler is stopped."""
+
+    def __getitem__(self, i: int):
+        time.sleep(0.02)
+        return super().__getitem__(i)
+
+
+def test_a_scheduler_lost_mid_run_is_a_typed_error_and_no_manifest(tmp_path):
+    import threading
+
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                       dashboard_address=None)
+    client = distributed.Client(cluster, set_as_default=False)
+    stopper = threading.Timer(3.0, cluster.close)  # the scheduler (and its worker) go away mid-run
+    start = time.monotonic()
+    try:
+        stopper.start()
+        with pytest.raises(ClusterError, match="dask"):
+            fastload.write_dataset(SlowTiles(2000), tmp_path / "o", samples_per_shard=64, progress=False,
+                                   client=client)
+    finally:
+        stopper.cancel()
+        stopper.join()  # closing the cluster a second time while the timer closes it fails inside Dask
+        client.close()
+        if cluster.status.name != "closed":
+            cluster.close()
+    assert time.monotonic() - start < 120  # a bounded time, not a hang
+    assert not (tmp_path / "o" / "manifest.json").exists()  # nothing looks complete
+
+
+@pytest.mark.parametrize("first_on_dask", [True, False], ids=["dask-then-local", "local-then-dask"])
+def test_resume_across_a_local_and_a_dask_run_is_byte_identical(tmp_path, client, first_on_dask):
+    options = dict(codec="zstd", samples_per_shard=16, progress=False)
+    fastload.write_dataset(Tiles(), tmp_path / "whole", **options)
+    out = tmp_path / "resumed"
+    with pytest.raises(PreprocessError, match="disk gone at 150"):  # the first run stops part way
+        fastload.write_dataset(Tiles(fail_at=150), out, client=client if first_on_dask else None, **options)
+    kept = sorted(p.name for p in out.glob("shard-*.lmdb"))
+    assert kept and not (out / "manifest.json").exists()
+    fastload.write_dataset(Tiles(), out, resume=True, client=None if first_on_dask else client, **options)
+    assert_identical(tmp_path / "whole", out)
