@@ -41,6 +41,7 @@ from ..format._record import Field, RecordEncoder
 from ._array_writer import check_codecs, plan_field
 from ._auto import MAX_SAMPLES, PREFERENCES, Choice, sample_indices
 from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
+from ._dask_map import check_client, describe
 from ._dataset_writer import PROGRESS_NAME, ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
 from ._run_record import check_resume_options
@@ -146,8 +147,6 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     if workers < 1 or (samples_per_shard is not None and samples_per_shard < 1):
         raise ArgumentError(f"workers and samples_per_shard must be positive, not {workers} and {samples_per_shard}")
     if client is not None:
-        from ._dask_map import check_client
-
         check_client(client)
         if workers != 1:
             raise ArgumentError(f"workers={workers} with client=: the Dask cluster's workers encode; "
@@ -246,8 +245,6 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
                    stamp=f"{kind}|{count}|{[f.to_json() for f in fields]}",
                    worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample")
     if client is not None and progress:
-        from ._dask_map import describe
-
         print(describe(client))
     return write_job(job, workers, skip_bad=False, resume=resume, progress=progress, client=client).manifest
 

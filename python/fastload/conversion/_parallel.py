@@ -14,6 +14,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from ._dask_map import dask_ordered_map
+
 T = TypeVar("T")
 
 # The consumer waits on a task in slices of this many seconds, so that a Ctrl-C is seen within one even
@@ -54,8 +56,6 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
     rather than with every task.
     """
     if client is not None:
-        from ._dask_map import dask_ordered_map
-
         yield from dask_ordered_map(client, fn, arg_tuples, initializer, initargs)
         return
     if workers <= 1:

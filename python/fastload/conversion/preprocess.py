@@ -36,6 +36,7 @@ from ..format._record import Field
 from ..format._splits import SPLITS_NAME, write_splits
 from ._auto import PREFERENCES, Choice, choose_codec, sample_indices
 from ._cli_options import UsageError, check_options, parse_hw, parse_size
+from ._dask_map import CONNECT_TIMEOUT_S, check_client, connect, describe
 from ._dataset_writer import PROGRESS_NAME, PreprocessError, ShardLimits, WriteJob, WriteResult, write_dataset
 from ._encode import EncodeSettings, TileSpec, source_samples
 from ._hdf5 import StackInfo, StackSettings
@@ -218,14 +219,10 @@ def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
     sources, classes = _sources_and_classes(args, data_dir)
     own_client = None
     if client is None and getattr(args, "scheduler", None):
-        from ._dask_map import CONNECT_TIMEOUT_S, connect
-
         timeout = args.scheduler_timeout if args.scheduler_timeout is not None else CONNECT_TIMEOUT_S
         client = own_client = connect(args.scheduler, timeout)
     try:
         if client is not None:
-            from ._dask_map import check_client, describe
-
             check_client(client)
             print(describe(client))
         return _run(args, client, data_dir, option_doc, sources, classes)
