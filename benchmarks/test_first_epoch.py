@@ -113,12 +113,12 @@ def test_first_epoch_cold(benchmark, ds):
     benchmark.group = f"first-epoch-cold-{ds.name}"
     benchmark.pedantic(lambda: [cold_run() for _ in range(PROCESSES)], rounds=1, warmup_rounds=0)
     firsts = [r["epochs"][0] for r in runs]
-    mb_per_s = statistics.median(f["samples_per_s"] for f in firsts) * ds.sample_bytes / 1e6
+    samples_per_s = statistics.median(f["samples_per_s"] for f in firsts)
     file_bytes = sum(p.stat().st_size for p in path.iterdir())  # what the epoch reads from the disk, at most
     file_mb_per_s = statistics.median(file_bytes / f["seconds"] for f in firsts) / 1e6
     benchmark.extra_info.update({
-        "samples_per_s": statistics.median(f["samples_per_s"] for f in firsts),
-        "mb_per_s": mb_per_s,
+        "samples_per_s": samples_per_s,
+        "mb_per_s": samples_per_s * ds.sample_bytes / 1e6,
         "disk_sequential_mb_per_s": disk,
         "file_mb_per_s": file_mb_per_s,  # the dataset's files over the first epoch's seconds
         "first_over_disk": file_mb_per_s / disk,

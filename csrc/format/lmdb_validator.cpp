@@ -333,8 +333,8 @@ class Validator {
     }
     uint64_t end = 0;
     if (needed > UINT32_MAX || !checked_add(pgno, needed, &end) || end - 1 > last_page_) {
-      fail(node_name(leaf_pgno, node) + ": overflow run of " + std::to_string(needed) + " pages at page " + std::to_string(pgno) +
-           " does not fit a " + std::to_string(dsize) + "-byte value inside the file");
+      fail(node_name(leaf_pgno, node) + ": overflow run of " + std::to_string(needed) + " pages at page " +
+           std::to_string(pgno) + " does not fit a " + std::to_string(dsize) + "-byte value inside the file");
     }
     for (uint64_t q = pgno; q < end; ++q) claim(q, "overflow");
     layout_.overflow_pages += needed;
@@ -361,22 +361,41 @@ ShardLayout validate_lmdb(const uint8_t* data, uint64_t size, uint64_t expected_
   return Validator(data, size, expected_records, path, run_headers).run();
 }
 
+namespace {
+
+// The one place that reads an overflow run's header (the 16 bytes before the
+// value: validate_lmdb placed the run inside the file).
+enum class RunFault { none, not_a_run, wrong_length };
+
+RunFault run_fault(const uint8_t* data, const RecordSpan& span, uint32_t page_size) noexcept {
+  if (span.run_pages == 0) return RunFault::none;
+  const uint64_t start = span.offset - kPageHeader;
+  const uint8_t* header = data + start;
+  if (load<uint16_t>(header + 10) != kOverflow || load<uint64_t>(header) != start / page_size) {
+    return RunFault::not_a_run;
+  }
+  return load<uint32_t>(header + 12) == span.run_pages ? RunFault::none : RunFault::wrong_length;
+}
+
+}  // namespace
+
 bool run_header_ok(const uint8_t* data, const RecordSpan& span, uint32_t page_size) noexcept {
-  if (span.run_pages == 0) return true;
-  const uint8_t* header = data + (span.offset - kPageHeader);  // validate_lmdb placed the run inside the file
-  return load<uint16_t>(header + 10) == kOverflow && load<uint64_t>(header) == (span.offset - kPageHeader) / page_size &&
-         load<uint32_t>(header + 12) == span.run_pages;
+  return run_fault(data, span, page_size) == RunFault::none;
 }
 
 std::string run_header_problem(const uint8_t* data, const RecordSpan& span, uint32_t page_size) {
-  if (run_header_ok(data, span, page_size)) return {};
   const uint64_t pgno = (span.offset - kPageHeader) / page_size;
-  const uint8_t* header = data + (span.offset - kPageHeader);
-  if (load<uint16_t>(header + 10) != kOverflow || load<uint64_t>(header) != pgno) {
-    return "page " + std::to_string(pgno) + " is not the start of an overflow run";
+  switch (run_fault(data, span, page_size)) {
+    case RunFault::none:
+      return {};
+    case RunFault::not_a_run:
+      return "page " + std::to_string(pgno) + " is not the start of an overflow run";
+    case RunFault::wrong_length:
+      break;
   }
-  return "overflow run of " + std::to_string(load<uint32_t>(header + 12)) + " pages at page " + std::to_string(pgno) +
-         " does not fit a " + std::to_string(span.size) + "-byte value inside the file";
+  return "overflow run of " + std::to_string(load<uint32_t>(data + (span.offset - kPageHeader) + 12)) +
+         " pages at page " + std::to_string(pgno) + " does not fit a " + std::to_string(span.size) +
+         "-byte value inside the file";
 }
 
 }  // namespace fastload

@@ -28,7 +28,7 @@
 //     read it (which would touch a page of every record, so map the whole
 //     file, before the first record is read: most of a fresh process's cost
 //     of opening a dataset of small records); the reader checks it with
-//     run_header_problem() when it reads the record (ShardFile::record);
+//     run_header_ok() when it reads the record (ShardFile::record);
 //   - depth, page counts and entry count equal to the database record, and
 //     the entry count equal to what the manifest says.
 //
@@ -68,7 +68,7 @@ constexpr uint64_t kMinShardBytes = 2 * 4096;
 // Validates the `size` bytes at `data` (a whole shard file) for a shard that
 // must hold `expected_records` records. `path` only names the file in errors.
 // With RunHeaders::when_read the overflow runs' headers are left to
-// run_header_problem(), which the caller must apply before it reads a record.
+// run_header_ok(), which the caller must apply before it reads a record.
 ShardLayout validate_lmdb(const uint8_t* data, uint64_t size, uint64_t expected_records, const std::string& path,
                           RunHeaders run_headers = RunHeaders::now);
 

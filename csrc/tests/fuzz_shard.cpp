@@ -90,7 +90,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                                             size / layout.page_size)) {
           __builtin_trap();
         }
-        if (!run_header_ok(data, span, layout.page_size)) static_cast<void>(run_header_problem(data, span, layout.page_size));
+        if (!run_header_ok(data, span, layout.page_size)) {
+          static_cast<void>(run_header_problem(data, span, layout.page_size));
+        }
       }
     } catch (const CorruptShardError&) {
     }
