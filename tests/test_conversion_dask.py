@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -141,6 +142,42 @@ def test_a_worker_killed_mid_task_gives_the_same_bytes(tmp_path, client, cluster
     assert marker.exists()  # a worker did die in a task, and the run went on
     assert_identical(tmp_path / "local", tmp_path / "dask")
     client.wait_for_workers(2, timeout=60)  # its nanny restarted it, for the tests after this one
+
+
+_offset = {"value": None}
+
+
+def _set_offset(value: int) -> None:
+    _offset["value"] = value
+
+
+def _slow_plus_offset(i: int) -> int:
+    time.sleep(0.1)
+    return i + _offset["value"]
+
+
+def _die_soon() -> None:
+    threading.Timer(0.05, os._exit, (1,)).start()  # after client.run has its answer
+
+
+def test_the_workers_holding_the_dataset_die_and_the_map_goes_on(client):
+    # Dask keeps one replica of a key (its active memory manager). The dataset sent to the workers must
+    # survive the death of every worker that holds it: Dask computes it again, the map loses nothing.
+    outcomes = _dask_map.dask_ordered_map(client, _slow_plus_offset, [(i,) for i in range(40)], _set_offset, (1000,))
+    got = [next(outcomes)]
+    holders = client.run_on_scheduler(
+        lambda dask_scheduler: sorted(ws.address for key, ts in dask_scheduler.tasks.items()
+                                      if str(key).startswith(_dask_map.INITARGS_KEY) for ws in ts.who_has))
+    assert holders
+    client.run(_die_soon, workers=holders)
+    got += list(outcomes)
+    assert got == [(i + 1000, None) for i in range(40)]
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_a_dataset_that_does_not_pickle_is_refused_naming_why(tmp_path, client):
+    with pytest.raises(ClusterError, match=r"cannot send .*to the Dask workers: TypeError: cannot pickle '_thread.lock'"):
+        list(_dask_map.dask_ordered_map(client, _slow_plus_offset, [(1,)], _set_offset, (threading.Lock(),)))
 
 
 def test_an_error_in_a_sample_is_the_same_as_locally(tmp_path, client):

@@ -16,7 +16,7 @@ shard filling and one being written.
 
 With ``client`` (a Dask ``distributed.Client``) the chunks are encoded on its
 cluster instead of local processes (``_dask_map``): a map-style dataset is
-pickled (cloudpickle) and scattered once to every worker; this process still
+pickled (cloudpickle) and held by one task that every task depends on; this process still
 writes every shard, so the bytes are the same.
 """
 

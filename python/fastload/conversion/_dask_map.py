@@ -10,10 +10,14 @@ task after a worker died (tasks are pure: the same inputs give the same bytes,
 and they write nothing).
 
 ``initializer(*initargs)`` (a dataset handed once to each worker) becomes: the
-``initargs`` scattered once to every worker (``broadcast=True``), and a small
-wrapper around each task that calls the initializer in a worker process the
-first time a task of this map runs there (``_run_task``). A worker that joins
-later fetches the ``initargs`` from a peer on its first task.
+``initargs`` held by one task of their own (``fastload-initargs-<token>``, a
+key every task depends on), and a small wrapper around each task that calls
+the initializer in a worker process the first time a task of this map runs
+there (``_run_task``). A worker fetches the ``initargs`` from a peer on its
+first task. They are a computed key, not scattered data, on purpose: Dask's
+active memory manager keeps one replica of a key, and a scattered key whose
+worker dies is lost for good (every task of the map cancelled), where a
+computed one is computed again on another worker.
 
 ``distributed`` is imported only here, and only when a client is used: local
 users do not install it (the extra ``fastload[dask]``).
@@ -37,6 +41,7 @@ T = TypeVar("T")
 EXTRA = 'pip install "fastload[dask]"'
 CONNECT_TIMEOUT_S = 30.0
 TASKS_PER_THREAD = 4  # the window: this many tasks in flight per worker thread of the cluster
+INITARGS_KEY = "fastload-initargs"  # the key of the task that holds a map's initargs, with the map's token
 _WINDOW_REFRESH_S = 1.0  # how often the window follows workers joining or leaving
 
 
@@ -107,22 +112,25 @@ def dask_ordered_map(client: Any, fn: Callable[..., T], arg_tuples: Iterable[tup
     ``KilledWorker`` (a task that killed every worker that ran it); a task
     cancelled or lost with the scheduler raises ClusterError. When the map ends,
     finished or not, the tasks still in flight are cancelled (a task already
-    running finishes on its worker, its result dropped) and the scattered
-    ``initargs`` released.
+    running finishes on its worker, its result dropped) and the ``initargs``'
+    key released.
     """
     check_client(client)
+    import cloudpickle  # a dependency of distributed, present once check_client passed
+
     token = uuid.uuid4().hex
     shared = None
     pending: deque[Any] = deque()
     try:
         if initializer is not None:
             try:
-                [shared] = client.scatter([initargs], broadcast=True, hash=False)
-            except (TypeError, AttributeError, ValueError) as err:  # pickling errors are one of these
+                cloudpickle.dumps(initargs)  # the error names what does not pickle, where submit's names a graph
+            except Exception as err:  # pickling raises TypeError, AttributeError, PicklingError, anything
                 raise ClusterError(f"cannot send {getattr(initializer, '__name__', 'the initializer')}'s arguments "
                                    f"(the dataset) to the Dask workers: {type(err).__name__}: {err} (it must "
                                    "pickle: with cloudpickle, by reference to an importable module or by value)"
                                    ) from err
+            shared = client.submit(_hold, initargs, key=f"{INITARGS_KEY}-{token}", pure=False)
         window, checked = _window(client), time.monotonic()
         for args in arg_tuples:
             pending.append(client.submit(_run_task, token, initializer, shared, fn, args, pure=False))
@@ -141,6 +149,11 @@ def dask_ordered_map(client: Any, fn: Callable[..., T], arg_tuples: Iterable[tup
                 client.cancel(leftover)
             except Exception:  # the scheduler is gone: nothing runs there any more
                 pass
+
+
+def _hold(initargs: tuple) -> tuple:
+    """The task that holds a map's ``initargs`` on the cluster (computed again if its worker dies)."""
+    return initargs
 
 
 def _window(client: Any) -> int:
