@@ -152,7 +152,7 @@ def dask_ordered_map(client: Any, fn: Callable[..., T], arg_tuples: Iterable[tup
 
 
 def _hold(initargs: tuple) -> tuple:
-    """The task that holds a map's ``initargs`` on the cluster (computed again if its worker dies)."""
+    """Return ``initargs``: the task that holds them on the cluster (computed again if its worker dies)."""
     return initargs
 
 
