@@ -6,7 +6,8 @@ Compared in the ``sampling-<dataset>`` groups, with the same number of samples p
 ``plain`` (shuffled epoch, order v1 evaluated per batch in C++); ``subset`` (every index, given as
 ``indices=``, shuffled among themselves); ``weights`` (random weights, ``num_samples=n``, with
 replacement: alias-table draws); ``weights-norepl`` (the same without replacement: exponential keys
-and a sort); ``mix`` (the dataset mixed with itself 50/50, ``stop=n``, shuffled sources).
+and a sort); ``mix`` (the dataset mixed with itself 50/50, ``stop=n``, shuffled sources); ``window``
+(``shuffle_window=4``: a shuffle within windows of 4 shards).
 Every round reads a new epoch, so each epoch's index list is computed inside the timing.
 
 Why the numbers come out as they do: the non-plain policies compute the epoch's whole index list
@@ -26,6 +27,7 @@ import time
 
 import numpy as np
 import pytest
+import shuffle_quality
 from conftest import BATCH, SEED
 from datasets import all_datasets, ensure
 from measure import EpochResult, MemorySampler, extra_info, run_epoch
@@ -50,10 +52,12 @@ def make(config: str, path) -> ShardLoader:
         return ShardLoader(path, sample_weights=weights, num_samples=n, replacement=False, **kwargs)
     if config == "mix":
         return ShardLoader(fastload.mix([path, path], weights=[0.5, 0.5], stop=n), shuffle=True, **kwargs)
+    if config == "window":
+        return ShardLoader(path, shuffle=True, shuffle_window=4, **kwargs)
     raise ValueError(config)
 
 
-CONFIGS = ["plain", "subset", "weights", "weights-norepl", "mix"]
+CONFIGS = ["plain", "subset", "weights", "weights-norepl", "mix", "window"]
 
 
 def one_epoch(loader: ShardLoader, epoch: int) -> int:
@@ -129,6 +133,26 @@ def test_sampling_overhead_interleaved(benchmark, ds):
         benchmark.extra_info[f"{c}_overhead_vs_fastest_plain_epoch"] = extra / fastest_plain
         print(f"{ds.name} {c:15s} policy CPU {cost[c] * 1e3:6.2f} ms per epoch: {extra * 1e3:+6.2f} ms over plain, "
               f"{100 * extra / fastest_plain:+5.1f}% of the fastest plain epoch ({fastest_plain * 1e3:.1f} ms)")
+
+
+def test_shuffle_window_quality(benchmark):
+    """How much a batch mixes under shard windows and the global shuffle (benchmarks/shuffle_quality.py)."""
+    rows: list[dict] = []
+    benchmark.group = "shuffle-window-quality"
+    cpu = time.process_time()
+    with MemorySampler() as memory:
+        benchmark.pedantic(lambda: rows.extend(shuffle_quality.table()), rounds=1, warmup_rounds=0)
+    for row in rows:
+        for key, value in row.items():
+            benchmark.extra_info[f"{row['window']}_{key}"] = value
+    # Only order arithmetic: the common figures are those of computing the epoch orders (no file read).
+    order_s = sum(row["order_s"] for row in rows)
+    benchmark.extra_info.update({"samples_per_s": shuffle_quality.N * len(rows) / order_s, "mb_per_s": 0.0,
+                                 "first_batch_s": rows[0]["order_s"], "peak_rss_mb": memory.peak_rss / 2**20,
+                                 "cpu_s": time.process_time() - cpu})
+    by_window = {row["window"]: row for row in rows}
+    assert by_window["global"]["mixed_labels"] > 200 and by_window[1]["sorted_shards"] == 1
+    shuffle_quality.main()
 
 
 def policy_cpu_s(loader: ShardLoader, rounds: int = 9) -> float:

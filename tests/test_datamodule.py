@@ -42,6 +42,19 @@ def test_loaders_per_split(root):
         fastload.ShardDataModule(root / "train", batch_size=8)
 
 
+def test_shuffle_window_reaches_only_the_training_loader(tmp_path):
+    root = tmp_path / "root"
+    for split, n in (("train", 40), ("val", 12)):
+        fastload.write_arrays(root / split, {"label": np.arange(n, dtype=np.int64)}, samples_per_shard=10)
+    dm = fastload.ShardDataModule(root, batch_size=10, shuffle=True, seed=1, shuffle_window=1, num_threads=1)
+    for batch in dm.train_dataloader():  # windows of one shard of 10: a batch is one shard, shuffled
+        labels = batch["label"].tolist()
+        assert len({x // 10 for x in labels}) == 1
+    assert torch.cat([b["label"] for b in dm.val_dataloader()]).tolist() == list(range(12))  # stored order
+    with pytest.raises(fastload.errors.ArgumentError, match="pass shuffle=True"):
+        fastload.ShardDataModule(root, batch_size=10, shuffle=False, shuffle_window=1).train_dataloader()
+
+
 def test_state_dict_delegates_to_the_loaders(root):
     dm = fastload.ShardDataModule(root, batch_size=8, shuffle=True)
     it = iter(dm.train_dataloader())

@@ -99,6 +99,18 @@ def test_the_same_batches_as_the_local_copy(tiles, s3, tmp_path, backend, thread
     assert same(batches(loader), batches(again))
 
 
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_a_shard_window_shuffle_gives_the_same_batches_as_the_local_copy(tiles, s3, tmp_path, backend):
+    local, url = tiles
+    kwargs = {"batch_size": 32, "shuffle": True, "shuffle_window": 3, "seed": 2, "backend": backend}
+    for epoch in (0, 1):
+        expected, remote = fastload.ShardLoader(str(local), **kwargs), fastload.ShardLoader(
+            url, storage_options=s3[2], cache_dir=tmp_path / "cache", **kwargs)
+        expected.set_epoch(epoch)
+        remote.set_epoch(epoch)
+        assert same(batches(remote), batches(expected))
+
+
 def test_shard_dataset_split_root_and_fields(tmp_path, s3):
     _, client, options = s3
     root = tmp_path / "root"

@@ -292,7 +292,7 @@ def test_mix_proportions(small_dataset, second_zstd):
 # ---- the loader's promises, for every mode ----------------------------------------------------
 
 MODES = ["subset", "subset-shuffled", "weights", "weights-norepl", "concat", "mix-first", "mix-all", "mix-n",
-         "mix-layouts"]
+         "mix-layouts", "window", "window-concat"]
 
 
 @pytest.fixture(scope="module")
@@ -313,6 +313,11 @@ def make_loader(mode, small, seconds, **kw):
         return ShardLoader(small, sample_weights=weights, num_samples=90, replacement=False, **args)
     if mode == "concat":
         return ShardLoader(fastload.concat([small, second], with_source=True), shuffle=True, **args)
+    if mode == "window":  # 4 shards of 30, 30, 30, 13: windows of 2 shards
+        return ShardLoader(small, shuffle=True, shuffle_window=2, **args)
+    if mode == "window-concat":  # 4 + 3 shards of two datasets (raw and zstd: a native reader per layout)
+        return ShardLoader(fastload.concat([small, second_raw], with_source=True), shuffle=True, shuffle_window=3,
+                           **args)
     if mode == "mix-layouts":  # another codec in the second dataset: a native reader per layout
         return ShardLoader(mixture(small, second_raw, "all_exhausted"), shuffle=True, **args)
     stop = {"mix-first": "first_exhausted", "mix-all": "all_exhausted", "mix-n": 150}[mode]
@@ -425,7 +430,7 @@ def test_states_of_another_configuration_are_refused(small_dataset, second_zstd_
 def test_pickled_loader_keeps_its_sampling(small_dataset, second_zstd_and_raw):
     import pickle
 
-    for mode in ("subset-shuffled", "weights", "mix-first"):
+    for mode in ("subset-shuffled", "weights", "mix-first", "window"):
         loader = make_loader(mode, small_dataset, second_zstd_and_raw)
         it = iter(loader)
         next(it)

@@ -42,7 +42,9 @@ class ShardDataModule(_lightning_base()):  # type: ignore[misc]
     Each split gets one :class:`ShardLoader`, built on first request and then
     returned again, so its epoch and position persist. The training loader
     shuffles (``shuffle``, ``seed``, ``drop_last``); validation and test
-    loaders read in stored order with every sample. ``loader_kwargs`` (e.g.
+    loaders read in stored order with every sample. ``shuffle_window`` (a
+    shuffle within windows of shards, docs/sampling.md) goes to the training
+    loader only, with ``shuffle``. ``loader_kwargs`` (e.g.
     ``num_threads``, ``backend``, ``device``, ``fields``, ``layout``,
     ``output``) go to every loader.
 
@@ -63,7 +65,8 @@ class ShardDataModule(_lightning_base()):  # type: ignore[misc]
                  drop_last: bool = False, eval_batch_size: int | None = None,
                  transforms: Sequence[Transform] | None = None, eval_transforms: Sequence[Transform] | None = None,
                  batch_transform: BatchTransform | None = None, eval_batch_transform: BatchTransform | None = None,
-                 allow_random_eval_transforms: bool = False, **loader_kwargs: Any) -> None:
+                 allow_random_eval_transforms: bool = False, shuffle_window: int | None = None,
+                 **loader_kwargs: Any) -> None:
         super().__init__()
         random = [op for op in eval_transforms or () if getattr(op, "random", False)]
         if random and not allow_random_eval_transforms:
@@ -80,6 +83,7 @@ class ShardDataModule(_lightning_base()):  # type: ignore[misc]
         if not any((self.root / split).is_dir() for split in SPLITS):
             raise DatasetError(f"{self.root} holds none of the split directories {', '.join(SPLITS)}")
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.shuffle_window = shuffle_window
         self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
         self.loader_kwargs = dict(loader_kwargs)
         self._loaders: dict[str, ShardLoader] = {}
@@ -106,6 +110,7 @@ class ShardDataModule(_lightning_base()):  # type: ignore[misc]
                                  shuffle=self.shuffle and train, seed=self.seed, drop_last=self.drop_last and train,
                                  transforms=self.transforms if train else self.eval_transforms,
                                  batch_transform=self.batch_transform if train else self.eval_batch_transform,
+                                 shuffle_window=self.shuffle_window if train else None,
                                  **self.loader_kwargs)
             if split in self._pending:
                 loader.load_state_dict(self._pending.pop(split))

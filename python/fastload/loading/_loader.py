@@ -80,7 +80,11 @@ class ShardLoader:
     draws as ``WeightedRandomSampler``; a ``fastload.concat`` is one index
     space and a ``fastload.mix`` samples its datasets by weight. Every policy
     is a pure function of ``(seed, epoch, position)``, so all of the above
-    (backends, threads, ranks, resume) holds for it too.
+    (backends, threads, ranks, resume) holds for it too. ``shuffle=True,
+    shuffle_window=K`` shuffles within windows of ``K`` shards taken in a
+    shuffled order, so a stretch of batches reads only ``K`` shards (a dataset
+    in object storage behind a small cache, a page cache smaller than the
+    dataset); docs/ORDER.md, "Shard windows", measures what it costs in mixing.
 
     ``path_or_dataset`` may be a URL of object storage (``s3://bucket/tiles``,
     ``gs://``, ``az://``, ``https://``; ``pip install "fastload[remote]"``):
@@ -123,6 +127,7 @@ class ShardLoader:
         sample_weights: Any = None,
         num_samples: int | None = None,
         replacement: bool = True,
+        shuffle_window: int | None = None,
         transforms: Sequence[Any] | None = None,
         layout: str | Mapping[str, str] = "chw",
         batch_transform: BatchTransform | None = None,
@@ -139,7 +144,7 @@ class ShardLoader:
                                    "cache_limit": cache_limit})
         indices = source.indices  # a ShardSubset's, when one was passed
         order = OrderSpec.build(source, batch_size, shuffle, seed, drop_last, sample_weights, num_samples,
-                                replacement)
+                                replacement, shuffle_window)
         distribution = DistributionSpec.build(rank, world_size, even_batches)
         placement = DeviceSpec.build(device, pin_memory)
         reading = ReadSpec.build(backend, num_threads, prefetch, num_workers, prefetch_factor, persistent_workers,
@@ -175,7 +180,8 @@ class ShardLoader:
             "num_workers": num_workers, "verify_checksums": verify_checksums, "prefetch_factor": prefetch_factor,
             "persistent_workers": persistent_workers, "rank": rank, "world_size": world_size,
             "even_batches": even_batches, "device": device, "indices": indices, "sample_weights": sample_weights,
-            "num_samples": num_samples, "replacement": replacement, "transforms": transforms,
+            "num_samples": num_samples, "replacement": replacement, "shuffle_window": shuffle_window,
+            "transforms": transforms,
             "layout": layout, "batch_transform": batch_transform, "output": output,
             "multiprocessing_context": multiprocessing_context}
         if self.backend == "torch":

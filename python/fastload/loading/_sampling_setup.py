@@ -11,14 +11,20 @@ import torch
 from ..errors import ArgumentError, ArgumentTypeError
 from ..sampling._alias import real_weights
 from ..sampling._sampling import MAX_EPOCH_POSITIONS, Sampling, SubsetSampling, WeightedSampling
+from ..sampling._windows import ShardWindowSampling, check_window
 from ._compose import SOURCE_FIELD, ConcatShardDataset, MixedShardDataset, check_indices
 from ._dataset import ShardDataset
 
 
 def make_sampling(dataset: ShardDataset | ConcatShardDataset, shuffle: bool, indices: Any, sample_weights: Any,
-                  num_samples: int | None, replacement: bool) -> Sampling:
-    """Return the policy of ``indices=`` / ``sample_weights=`` / a mixture (else plain); refuse mixed-up arguments."""
+                  num_samples: int | None, replacement: bool, shuffle_window: Any = None) -> Sampling:
+    """Return the policy of ``indices=`` / ``sample_weights=`` / a mixture / ``shuffle_window=`` (else plain).
+
+    Mixed-up arguments are refused (ArgumentError).
+    """
     n = len(dataset)
+    if shuffle_window is not None:
+        return window_sampling(dataset, shuffle, indices, sample_weights, check_window(shuffle_window))
     if sample_weights is None and (num_samples is not None or replacement is not True):
         raise ArgumentError("num_samples= and replacement= go with sample_weights=")
     chosen = [name for name, value in (("indices", indices), ("sample_weights", sample_weights)) if value is not None]
@@ -52,6 +58,26 @@ def make_sampling(dataset: ShardDataset | ConcatShardDataset, shuffle: bool, ind
             raise ArgumentError(f"replacement must be True or False, not {replacement!r}")
         return WeightedSampling(np.ascontiguousarray(weights), int(num_samples), replacement)
     return Sampling()
+
+
+def window_sampling(dataset: ShardDataset | ConcatShardDataset, shuffle: bool, indices: Any, sample_weights: Any,
+                    window: int) -> ShardWindowSampling:
+    """Return the shard-window shuffle over ``dataset``'s shards, refusing the arguments it does not combine with."""
+    others = [name for name, value in (("indices", indices), ("sample_weights", sample_weights)) if value is not None]
+    if isinstance(dataset, MixedShardDataset):
+        others.insert(0, "a mixture")
+    if others:
+        raise ArgumentError(f"shuffle_window= orders whole shards; it does not combine with {' or '.join(others)}")
+    if not shuffle:
+        raise ArgumentError(f"shuffle_window={window} shuffles within windows of shards; pass shuffle=True with it")
+    if len(dataset) > MAX_EPOCH_POSITIONS:
+        raise ArgumentError(f"shuffle_window= computes each epoch's order (8 bytes per sample); {len(dataset)} "
+                            f"samples are over the bound of {MAX_EPOCH_POSITIONS}")
+    parts = dataset.datasets if isinstance(dataset, ConcatShardDataset) else [dataset]
+    sizes = [shard.count for part in parts for shard in part.manifest.shards]
+    sampling = ShardWindowSampling(sizes, window)
+    sampling.check(len(dataset))
+    return sampling
 
 
 def dataset_fingerprint(dataset: ShardDataset | ConcatShardDataset) -> str:

@@ -123,13 +123,15 @@ class OrderSpec:
 
     @classmethod
     def build(cls, source: SourceSpec, batch_size: Any, shuffle: Any, seed: Any, drop_last: Any,
-              sample_weights: Any, num_samples: int | None, replacement: bool) -> OrderSpec:
+              sample_weights: Any, num_samples: int | None, replacement: bool,
+              shuffle_window: Any = None) -> OrderSpec:
         """Check the order's parameters and make the sampling policy over ``source``."""
         batch_size = cls.check_batch_size(batch_size)
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ArgumentError(f"seed must be an integer, not {seed!r}")
         shuffle = bool(shuffle)
-        sampling = make_sampling(source.dataset, shuffle, source.indices, sample_weights, num_samples, replacement)
+        sampling = make_sampling(source.dataset, shuffle, source.indices, sample_weights, num_samples, replacement,
+                                 shuffle_window)
         return cls(batch_size, shuffle, seed, bool(drop_last), sampling)
 
 
