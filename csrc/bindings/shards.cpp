@@ -116,6 +116,18 @@ void register_shards(py::module_& m) {
              return std::make_shared<ShardSet>(paths, counts);
            }),
            py::arg("paths"), py::arg("counts"))
+      .def_static(
+          "lazy", [](const std::vector<uint64_t>& counts) { return std::make_shared<ShardSet>(counts); },
+          py::arg("counts"), "A set of shards of these record counts, none opened yet: attach() opens each.")
+      .def(
+          "attach",
+          [](ShardSet& self, size_t index, const std::string& path) {
+            const GilRelease release;
+            self.attach(index, path);
+          },
+          py::arg("index"), py::arg("path"),
+          "Open and validate ``path`` as shard ``index`` (once; a second attach keeps the first).")
+      .def("attached", &ShardSet::attached, py::arg("index"), "Return whether shard ``index`` is attached.")
       .def("__len__", &ShardSet::size)
       .def_property_readonly("total_records", &ShardSet::total_records);
 

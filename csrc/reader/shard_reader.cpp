@@ -65,16 +65,55 @@ ShardLayout validate_shard_file(const std::string& path, uint64_t expected_recor
   return layout;
 }
 
-ShardSet::ShardSet(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts) {
+ShardSet::ShardSet(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts)
+    : files_(counts.size()), owned_(counts.size()) {
   if (paths.size() != counts.size()) throw FastloadError("ShardSet: paths and counts differ in length");
-  offsets_.reserve(paths.size() + 1);
-  offsets_.push_back(0);
+  set_counts(counts);
   for (size_t i = 0; i < paths.size(); ++i) {
-    shards_.push_back(std::make_unique<ShardFile>(paths[i], counts[i]));
+    owned_[i] = std::make_unique<ShardFile>(paths[i], counts[i]);
+    files_[i].store(owned_[i].get(), std::memory_order_release);
+  }
+}
+
+ShardSet::ShardSet(const std::vector<uint64_t>& counts) : files_(counts.size()), owned_(counts.size()) {
+  set_counts(counts);
+  for (auto& file : files_) file.store(nullptr, std::memory_order_relaxed);
+}
+
+void ShardSet::set_counts(const std::vector<uint64_t>& counts) {
+  offsets_.reserve(counts.size() + 1);
+  offsets_.push_back(0);
+  for (uint64_t count : counts) {
     uint64_t next = 0;
-    if (!checked_add(offsets_.back(), counts[i], &next)) throw FastloadError("ShardSet: record counts overflow");
+    if (!checked_add(offsets_.back(), count, &next)) throw FastloadError("ShardSet: record counts overflow");
     offsets_.push_back(next);
   }
+}
+
+const ShardFile& ShardSet::shard(size_t i) const {
+  if (i >= files_.size()) {
+    throw FastloadError("shard " + std::to_string(i) + " out of range for " + std::to_string(files_.size()) +
+                        " shards");
+  }
+  const ShardFile* file = files_[i].load(std::memory_order_acquire);
+  if (file == nullptr) {
+    throw FastloadError("shard " + std::to_string(i) + " is not fetched yet: a batch read it before its download "
+                        "was attached");
+  }
+  return *file;
+}
+
+void ShardSet::attach(size_t i, const std::string& path) {
+  if (i >= files_.size()) {
+    throw FastloadError("ShardSet.attach: shard " + std::to_string(i) + " out of range for " +
+                        std::to_string(files_.size()) + " shards");
+  }
+  if (attached(i)) return;
+  auto file = std::make_unique<ShardFile>(path, offsets_[i + 1] - offsets_[i]);  // validates, outside the lock
+  const std::lock_guard<std::mutex> lock(attach_mutex_);
+  if (owned_[i] != nullptr) return;  // attached meanwhile by another thread: keep the first
+  owned_[i] = std::move(file);
+  files_[i].store(owned_[i].get(), std::memory_order_release);
 }
 
 std::pair<size_t, uint64_t> ShardSet::locate(uint64_t global_index) const {
@@ -91,8 +130,11 @@ void ShardSet::prefetch(uint64_t global_index) const noexcept {
   if (global_index >= total_records()) return;
   const auto it = std::upper_bound(offsets_.begin(), offsets_.end(), global_index);
   const size_t shard = static_cast<size_t>(it - offsets_.begin()) - 1;
-  const ShardFile& file = *shards_[shard];
-  const auto [data, size] = file.record_location(global_index - offsets_[shard]);
+  const ShardFile* file = files_[shard].load(std::memory_order_acquire);
+  if (file == nullptr) return;
+  const uint64_t key = global_index - offsets_[shard];
+  if (key >= file->records()) return;
+  const auto [data, size] = file->record_location(key);
   // The header and the first lines of the payload; the hardware prefetcher
   // follows the rest of a long record once the copy streams through it.
   const size_t bytes = std::min<size_t>(size, kPrefetchBytes);

@@ -19,15 +19,25 @@
 // Before mapping, the file must be a regular file (opened without blocking,
 // so a FIFO never waits) and not empty (platform/file_mapping.h).
 //
-// Thread safety: a ShardSet and its ShardFiles are immutable after
-// construction and may be shared by any number of threads.
-// Errors: ShardNotFoundError, CorruptShardError (construction),
+// A ShardSet is eager (every shard opened by the constructor) or lazy (a
+// dataset still being downloaded: the record counts are known, each shard is
+// opened later by attach(), once its file is whole). Reading a record of a
+// shard not attached yet is a FastloadError, never a crash; the Python side
+// submits a batch only after attaching every shard it reads.
+//
+// Thread safety: a ShardFile is immutable after construction. A ShardSet may
+// be shared by any number of threads; attach() may run on any thread while
+// others read: it publishes a shard once (release/acquire), and a shard once
+// attached stays until the set is destroyed.
+// Errors: ShardNotFoundError, CorruptShardError (construction, attach),
 // CorruptRecordError (a key past the shard's count).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,11 +96,23 @@ class ShardFile {
 
 class ShardSet {
  public:
+  // Eager: opens and validates every shard now.
   ShardSet(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts);
+  // Lazy: shards of these record counts, none opened; attach() opens each.
+  explicit ShardSet(const std::vector<uint64_t>& counts);
 
-  size_t size() const noexcept { return shards_.size(); }
+  size_t size() const noexcept { return files_.size(); }
   uint64_t total_records() const noexcept { return offsets_.back(); }
-  const ShardFile& shard(size_t i) const { return *shards_.at(i); }
+  // Throws FastloadError when shard i is out of range or not attached yet.
+  const ShardFile& shard(size_t i) const;
+
+  // Opens and validates `path` as shard i (outside any lock) and publishes it;
+  // a second attach of the same shard keeps the first. Throws as ShardFile's
+  // constructor, and FastloadError for an index out of range.
+  void attach(size_t i, const std::string& path);
+  bool attached(size_t i) const noexcept {
+    return i < files_.size() && files_[i].load(std::memory_order_acquire) != nullptr;
+  }
 
   // Maps a global sample index to (shard, key within shard). Throws
   // FastloadError when the index is out of range.
@@ -98,11 +120,15 @@ class ShardSet {
 
   // Hints the CPU to start loading the first bytes of a record that will be
   // read soon (random reads are memory-latency bound); no effect on results.
-  // Indices out of range are ignored.
+  // Indices out of range, and records of shards not attached, are ignored.
   void prefetch(uint64_t global_index) const noexcept;
 
  private:
-  std::vector<std::unique_ptr<ShardFile>> shards_;
+  void set_counts(const std::vector<uint64_t>& counts);
+
+  std::vector<std::atomic<const ShardFile*>> files_;  // null until attached; owned by owned_
+  std::vector<std::unique_ptr<ShardFile>> owned_;     // written under attach_mutex_ only
+  std::mutex attach_mutex_;
   std::vector<uint64_t> offsets_;  // offsets_[i] = first global index of shard i
 };
 

@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "errors.h"
@@ -160,6 +161,36 @@ void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& or
   CHECK(good == kSamples);
   CHECK(std::count(seen.begin(), seen.end(), true) == static_cast<long>(kSamples));
   CHECK(reader.stats().samples == kSamples);
+}
+
+// A lazy set: a record of a shard not attached is a FastloadError; shards
+// attached from several threads at once (each twice) read as the eager set.
+void test_lazy_attach(const fs::path& dataset) {
+  const auto paths = shard_paths(dataset);
+  ShardSet lazy(shard_counts());
+  CHECK(lazy.size() == paths.size() && lazy.total_records() == kSamples && !lazy.attached(0));
+  bool refused = false;
+  try {
+    lazy.shard(0);
+  } catch (const FastloadError& e) {
+    refused = std::string(e.what()).find("not fetched yet") != std::string::npos;
+  }
+  CHECK(refused);
+  lazy.prefetch(0);  // ignored, no crash
+  std::vector<std::thread> threads;
+  for (int copy = 0; copy < 2; ++copy) {
+    for (size_t i = 0; i < paths.size(); ++i) threads.emplace_back([&lazy, &paths, i] { lazy.attach(i, paths[i]); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < paths.size(); ++i) CHECK(lazy.attached(i));
+  CHECK(count_good_samples(lazy) == kSamples);
+  bool out_of_range = false;
+  try {
+    lazy.attach(paths.size(), paths[0]);
+  } catch (const FastloadError&) {
+    out_of_range = true;
+  }
+  CHECK(out_of_range);
 }
 
 // Format v3: shards 0 and 1 swapped (same record count, every record valid)
@@ -602,6 +633,7 @@ int main(int argc, char** argv) {
     test_threaded_read(dataset, order);
     test_pool_carried_over(dataset);
     test_swapped_shards_refused(dataset);
+    test_lazy_attach(dataset);
     test_damaged_copies(dataset, scratch);
 #ifndef _WIN32
     test_shrunk_while_mapped(dataset, scratch);

@@ -56,6 +56,13 @@ class ShardSet:
     """The shards of one dataset, mapped and validated."""
 
     def __init__(self, paths: Sequence[str], counts: Sequence[int]) -> None: ...
+    @staticmethod
+    def lazy(counts: Sequence[int]) -> ShardSet:
+        """A set of shards of these record counts, none opened yet: attach() opens each."""
+    def attach(self, index: int, path: str) -> None:
+        """Open and validate ``path`` as shard ``index`` (once; a second attach keeps the first)."""
+    def attached(self, index: int) -> bool:
+        """Return whether shard ``index`` is attached."""
     def __len__(self) -> int: ...
     @property
     def total_records(self) -> int: ...
