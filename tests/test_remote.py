@@ -78,6 +78,13 @@ def same(a, b) -> bool:
                                     for x, y in zip(a, b))
 
 
+def touch_every_shard(dataset) -> None:
+    """Read one sample of every shard (each is fetched when it is first read)."""
+    starts = np.cumsum([0] + [s.count for s in dataset.manifest.shards])[:-1]
+    for start in starts:
+        dataset[int(start)]
+
+
 def cached_files(cache: Path) -> list[Path]:
     return sorted(p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".lock"))
 
@@ -139,10 +146,13 @@ def test_a_warm_cache_downloads_no_shard_again(tiles, s3, tmp_path):
     _, url = tiles
     cache = tmp_path / "cache"
     first = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=cache)
+    assert not [p for p in cached_files(cache) if p.suffix == ".lmdb"]  # opening fetches the manifest only
+    touch_every_shard(first)
     files = cached_files(cache)
     stamps = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}
     assert len([p for p in files if p.suffix == ".lmdb"]) == len(first.manifest.shards)
     second = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=cache)
+    touch_every_shard(second)
     assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in cached_files(cache)} == stamps
     assert second.path == first.path
 
@@ -180,11 +190,11 @@ def test_a_corrupt_object_is_fetched_again_then_refused(tiles, s3, tmp_path):
     client.put_object(Bucket=BUCKET, Key=f"corrupt/{shard.name}", Body=bytes(data))
     cache = tmp_path / "cache"
     with pytest.raises(RemoteError, match=rf"s3://{BUCKET}/corrupt/{shard.name}: content hash differs.*3 times"):
-        fastload.ShardLoader(url, batch_size=8, storage_options=s3[2], cache_dir=cache)
+        list(fastload.ShardLoader(url, batch_size=8, storage_options=s3[2], cache_dir=cache))
     assert not [p for p in cached_files(cache) if p.name.startswith(shard.name)], "a bad download was kept"
     client.put_object(Bucket=BUCKET, Key=f"corrupt/{shard.name}", Body=shard.read_bytes()[:-100])
     with pytest.raises(RemoteError, match=r"bytes, the manifest says"):
-        fastload.ShardLoader(url, batch_size=8, storage_options=s3[2], cache_dir=cache)
+        list(fastload.ShardLoader(url, batch_size=8, storage_options=s3[2], cache_dir=cache))
     client.upload_file(str(shard), BUCKET, f"corrupt/{shard.name}")  # repaired: the loader works
     assert sum(len(b["label"]) for b in fastload.ShardLoader(url, batch_size=64, storage_options=s3[2],
                                                              cache_dir=cache)) == 700
@@ -339,7 +349,7 @@ def test_a_transfer_that_keeps_failing_is_a_typed_error_and_nothing_is_kept(tile
     shard = sorted(p.name for p in local.glob("*.lmdb"))[4]
     fp.plan(shard, *["truncate"] * 20)
     with pytest.raises(RemoteError, match=rf"s3://{BUCKET}/tiles/{shard}: .*tried 3 times") as caught:
-        fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path)
+        list(fastload.ShardLoader(url, batch_size=64, storage_options=options, cache_dir=tmp_path))
     assert SECRET not in str(caught.value)
     assert not [p for p in tmp_path.rglob(f"{shard}*") if not p.name.endswith(".lock")]
 
@@ -354,7 +364,8 @@ def test_ctrl_c_during_a_download_leaves_nothing_a_later_run_trusts(tiles, proxy
     cache = tmp_path / "cache"
     script = (f"import fastload, pickle, sys; options = pickle.loads(bytes.fromhex(sys.argv[1])); "
               f"print('opening', flush=True); "
-              f"fastload.ShardDataset({url!r}, storage_options=options, cache_dir={str(cache)!r})")
+              f"list(fastload.ShardLoader({url!r}, batch_size=64, storage_options=options, "
+              f"cache_dir={str(cache)!r}))")
     proc = subprocess.Popen([sys.executable, "-c", script, pickle.dumps(options).hex()], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,  # SIGINT's default even in a run that ignores it
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -373,6 +384,7 @@ def test_ctrl_c_during_a_download_leaves_nothing_a_later_run_trusts(tiles, proxy
     fp.plans.clear()
     fp.delay_s = 0.0
     again = fastload.ShardDataset(url, storage_options=options, cache_dir=cache)
+    touch_every_shard(again)  # each shard's download clears the torn ones
     assert not list(cache.rglob("*.part-*"))
     assert all(torch.equal(again[i]["image"], fastload.ShardDataset(local)[i]["image"]) for i in (0, 350, 699))
 
@@ -436,7 +448,8 @@ def test_a_full_cache_disk_is_a_typed_error(tiles, s3, tmp_path):
               f"resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
               f"options = pickle.loads(bytes.fromhex(sys.argv[1]))\n"
               f"try:\n"
-              f"    fastload.ShardDataset({url!r}, storage_options=options, cache_dir={str(cache)!r})\n"
+              f"    list(fastload.ShardLoader({url!r}, batch_size=64, storage_options=options, "
+              f"cache_dir={str(cache)!r}))\n"
               f"except fastload.errors.RemoteError as err:\n"
               f"    print(type(err).__name__, err)\n")
     done = subprocess.run([sys.executable, "-c", script, pickle.dumps(s3[2]).hex()], capture_output=True, text=True,
@@ -491,11 +504,14 @@ def test_an_unpickled_dataset_reads_its_cached_version_offline(tiles, proxy, tmp
     local, url = tiles
     fp, options = proxy
     dataset = fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path)
+    dataset[0]  # shard 0 is fetched, the others not
     blob = pickle.dumps(dataset)
     fp.close()  # the store is unreachable from now on
     clone = pickle.loads(blob)
     assert clone.path == dataset.path
-    assert all(torch.equal(clone[i]["image"], fastload.ShardDataset(local)[i]["image"]) for i in (0, 699))
+    assert all(torch.equal(clone[i]["image"], fastload.ShardDataset(local)[i]["image"]) for i in (0, 63))
+    with pytest.raises(RemoteError, match=rf"s3://{BUCKET}/tiles/shard-00010.lmdb"):  # not here: a typed error
+        clone[699]
 
 
 def test_an_unpickled_dataset_refuses_a_dataset_rewritten_at_its_url(tiles, s3, tmp_path):
@@ -513,3 +529,88 @@ def test_an_unpickled_dataset_refuses_a_dataset_rewritten_at_its_url(tiles, s3, 
     upload(s3[1], other, "rewritten")
     with pytest.raises(RemoteError, match="changed in storage"):
         pickle.loads(blob)
+
+
+# ---- reading while the shards download (the fetcher, the gate, forked workers) ----------------------
+
+
+def test_batches_arrive_while_later_shards_download(tiles, proxy, tmp_path):
+    local, url = tiles
+    fp, options = proxy
+    fp.delay_s = 4.0
+    for k in range(6, 11):  # the shards the second half of the epoch reads answer 4 s late
+        fp.plan(f"shard-{k:05d}.lmdb", "delay")
+    loader = fastload.ShardLoader(url, batch_size=64, storage_options=options, cache_dir=tmp_path / "c",
+                                  num_threads=2)
+    assert not list((tmp_path / "c").rglob("*.lmdb"))  # opening fetched the manifest only
+    started = time.monotonic()
+    it = iter(loader)
+    first = next(it)
+    waited = time.monotonic() - started
+    here = {p.name for p in (tmp_path / "c").rglob("*.lmdb")}
+    assert waited < 3.0 and "shard-00010.lmdb" not in here, (waited, here)  # served before the last shards came
+    got = [first] + list(it)
+    assert same(got, batches(fastload.ShardLoader(str(local), batch_size=64)))
+
+
+def test_each_rank_fetches_only_the_shards_its_samples_read(tiles, proxy, tmp_path):
+    local, url = tiles
+    fp, options = proxy
+    indices = [i for k in range(32) for i in (k, 64 + k)]  # alternately shard 0 and shard 1
+    for rank in (0, 1):  # positions r, r + 2, ...: rank 0 reads only shard 0, rank 1 only shard 1
+        fp.seen.clear()
+        loader = fastload.ShardLoader(url, batch_size=8, indices=indices, rank=rank, world_size=2,
+                                      storage_options=options, cache_dir=tmp_path / f"rank{rank}")
+        labels = torch.cat([b["label"] for b in loader]).tolist()
+        assert labels == [i % 7 for i in indices[rank::2]]
+        gets = sorted(k for k in fp.seen if k.startswith("GET ") and k.endswith(".lmdb"))
+        assert gets == [f"GET /{BUCKET}/tiles/shard-{rank:05d}.lmdb"], gets
+
+
+def test_a_users_dataloader_with_forked_workers_reads_a_remote_dataset(tiles, s3, tmp_path):
+    """DataLoader workers forked from a process that used the store (obstore does not work after fork)."""
+    local, url = tiles
+    dataset = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path / "c")
+    dataset[0]  # the store used in this process before the fork
+    loader = torch.utils.data.DataLoader(dataset, batch_size=50, num_workers=2, multiprocessing_context="fork")
+    got = torch.cat([b["image"] for b in loader])
+    expected = torch.cat([b["image"] for b in torch.utils.data.DataLoader(fastload.ShardDataset(local),
+                                                                          batch_size=50)])
+    assert torch.equal(got, expected)
+
+
+def test_a_server_that_dies_mid_epoch_is_a_typed_error_within_a_bounded_time(tiles, tmp_path):
+    local, _ = tiles
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="t", aws_secret_access_key="s",
+                          region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    url = upload(client, local, "dies")
+    options = {"endpoint": endpoint, "access_key_id": "t", "secret_access_key": "s", "region": "us-east-1",
+               "allow_http": True, "max_retries": 2, "retry_timeout_s": 3}
+    loader = fastload.ShardLoader(url, batch_size=64, storage_options=options, cache_dir=tmp_path)  # manifest read
+    server.stop()
+    started = time.monotonic()
+    delivered = 0
+    with pytest.raises(RemoteError, match=rf"s3://{BUCKET}/dies/shard-"):
+        for _ in loader:
+            delivered += 1
+    assert delivered < len(loader) and time.monotonic() - started < 60
+
+
+def test_an_exclusive_lock_is_released_even_when_a_forked_child_holds_its_descriptor(tmp_path):
+    from fastload.storage._locks import FileLock
+
+    path = tmp_path / "x.lock"
+    lock = FileLock(path, exclusive=True)
+    copy = os.dup(lock._fd)  # what a child forked while the lock was being taken keeps
+    try:
+        lock.release()
+        again = FileLock.try_exclusive(path)
+        assert again is not None, "the lock stayed held through the copy of its descriptor"
+        again.release()
+    finally:
+        os.close(copy)

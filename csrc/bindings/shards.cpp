@@ -118,7 +118,7 @@ void register_shards(py::module_& m) {
            py::arg("paths"), py::arg("counts"))
       .def_static(
           "lazy", [](const std::vector<uint64_t>& counts) { return std::make_shared<ShardSet>(counts); },
-          py::arg("counts"), "A set of shards of these record counts, none opened yet: attach() opens each.")
+          py::arg("counts"), "Return a set of shards of these record counts, none opened yet: attach() opens each.")
       .def(
           "attach",
           [](ShardSet& self, size_t index, const std::string& path) {

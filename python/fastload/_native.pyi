@@ -58,7 +58,7 @@ class ShardSet:
     def __init__(self, paths: Sequence[str], counts: Sequence[int]) -> None: ...
     @staticmethod
     def lazy(counts: Sequence[int]) -> ShardSet:
-        """A set of shards of these record counts, none opened yet: attach() opens each."""
+        """Return a set of shards of these record counts, none opened yet: attach() opens each."""
     def attach(self, index: int, path: str) -> None:
         """Open and validate ``path`` as shard ``index`` (once; a second attach keeps the first)."""
     def attached(self, index: int) -> bool:

@@ -93,10 +93,11 @@ class ShardDataset(torch.utils.data.Dataset):
 
     ``path`` may be a URL of object storage (``s3://``, ``gs://``, ``az://``,
     ``https://``; needs ``fastload[remote]``): the manifest is fetched and
-    checked, the shards are downloaded into ``cache_dir`` (default
-    ``$FASTLOAD_CACHE_DIR`` or the per-user cache), each checked against the
-    manifest's hash, never more than ``cache_limit`` bytes in all (an int or
-    a size such as ``"50GB"``), and the cached copy is read as a local one.
+    checked, and each shard is downloaded into ``cache_dir`` (default
+    ``$FASTLOAD_CACHE_DIR`` or the per-user cache) when it is first needed (a
+    ``ShardLoader`` fetches ahead, in the order of its epoch), checked against
+    the manifest's hash, never more than ``cache_limit`` bytes in all (an int
+    or a size such as ``"50GB"``), and the cached copy is read as a local one.
     ``storage_options`` are obstore's settings (``endpoint``, ``region``,
     ``allow_http``, credentials...) plus ``max_retries`` and
     ``retry_timeout_s``; without them credentials come from the standard
@@ -123,7 +124,8 @@ class ShardDataset(torch.utils.data.Dataset):
         self.manifest = load_manifest(self.path)
         self.allow_external_shards = bool(allow_external_shards)
         check_sample_fits(self.path, self.manifest)
-        check_shard_files(self.path, self.manifest, self.allow_external_shards)
+        if self._cached is None:  # a remote version's shards arrive later, under the names the manifest fixes
+            check_shard_files(self.path, self.manifest, self.allow_external_shards)
         self.fields = select_fields(self.manifest.fields, fields)
         self.verify_checksums = verify_checksums
         chosen = {f.name for f in self.fields}  # names are unique; a list's `in` made opening quadratic
@@ -155,6 +157,8 @@ class ShardDataset(torch.utils.data.Dataset):
     def _env(self, shard: int) -> Any:
         env = self._envs.get(shard)
         if env is None:
+            if self._cached is not None:  # remote: fetched first when it is not in the cache yet
+                self._cached.fetcher.ensure(shard)
             info = self.manifest.shards[shard]
             fields = [f.native_spec for f in self.manifest.fields]
             env = self._envs[shard] = native_core().ShardRecords(

@@ -28,6 +28,7 @@ from ..format._record import max_sample_bytes, schema_fingerprint
 from ._augment import Augment
 from ._dataset import ShardDataset
 from ._pinned import FieldViews, HostAllocator, allocate_pinned, split_layout
+from ._remote_shards import RemoteShardSet, is_remote_dataset
 
 _native: Any = _extension.native
 NATIVE_IMPORT_ERROR: ImportError | None = _extension.IMPORT_ERROR
@@ -100,10 +101,14 @@ def open_shards(datasets: ShardDataset | Sequence[ShardDataset]) -> Any:
     """Map and validate every shard of ``datasets`` in the native core, or reuse this process's open set.
 
     Several datasets are laid end to end in one shard set: one global index space, as ``fastload.concat``.
+    With a remote dataset among them: a :class:`RemoteShardSet` (its shards attached as they download;
+    the epoch gates each batch on them).
     """
     if _native is None:
         raise ImportError(f"fastload._native is not available: {NATIVE_IMPORT_ERROR}")
     datasets = [datasets] if isinstance(datasets, ShardDataset) else list(datasets)
+    if any(is_remote_dataset(ds) for ds in datasets):  # shards attached as they download
+        return RemoteShardSet(datasets)
     paths = [str(ds.path / s.file) for ds in datasets for s in ds.manifest.shards]
     counts = [s.count for ds in datasets for s in ds.manifest.shards]
     try:
@@ -164,8 +169,9 @@ class NativeEpoch:
         # Plain buffers: the loader's kept pool is lent to this pass and given back by close().
         self._slots = settings.slots if self._allocator is None else None
         self._pool: Any = self._slots.take() if self._slots is not None else None
+        self._gate: RemoteShardSet | None = shards if isinstance(shards, RemoteShardSet) else None
         self._reader = _native.BatchReader(
-            shards, [f.native_spec for f in schema],
+            shards.native if self._gate is not None else shards, [f.native_spec for f in schema],
             [specs[f.name][0] if f.name in specs else f.np_dtype for f in schema],
             [list(specs[f.name][2]) if f.name in specs else list(f.shape) for f in schema],
             [f.name in wanted for f in schema], batch_size, settings.num_threads, settings.verify_checksums,
@@ -195,11 +201,15 @@ class NativeEpoch:
         # buffers and submissions; the rest of the window fills on the next call.
         window = self._settings.prefetch if self._delivered else min(self._settings.prefetch, FIRST_WINDOW)
         while self._next_submit < self._num_batches and self._next_submit - self._delivered < window:
+            indices = self._batch_indices(self._next_submit)
+            if self._gate is not None and not self._gate.ready(indices):
+                if self._next_submit > self._delivered:
+                    break  # its shards are downloading: deliver the batches in flight meanwhile
+                self._gate.wait(indices)
             if self._allocator is not None:
                 self._buffers.append(self._new_buffers())
             elif reader.free_slots == 0:
                 reader.add_slot(np.empty(reader.slot_bytes, dtype=np.uint8))
-            indices = self._batch_indices(self._next_submit)
             params = self._augment.params(self._epoch, indices)
             reader.submit(indices, params)
             self._next_submit += 1

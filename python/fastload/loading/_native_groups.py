@@ -18,6 +18,7 @@ import torch
 
 from ._compose import ConcatShardDataset
 from ._native_backend import NativeEpoch, NativeSettings, open_shards
+from ._remote_shards import RemoteShardSet
 
 
 def layout_groups(concat: ConcatShardDataset) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
@@ -76,6 +77,9 @@ class GroupedNativeEpoch:
                     sub[group].append(local[where])
             self._parts.append(parts)
             self._sizes.append(len(idx))
+        for group, shard_set in enumerate(shard_sets):
+            if isinstance(shard_set, RemoteShardSet) and sub[group]:  # fetch in the order the batches read
+                shard_set.want(np.concatenate(sub[group]))
         self._epochs: list[NativeEpoch | None] = [
             NativeEpoch(shard_sets[group], concat.datasets[groups[group][0]], len(sub[group]), batch_size,
                         sub[group].__getitem__, settings, fingerprints=_fingerprints(concat, groups[group]))

@@ -9,17 +9,24 @@ Trust: a file appears under its final name only after its bytes matched the mani
 ``xxh3-128`` hash (downloaded to ``<name>.part-<pid>``, checked, fsynced, renamed). A torn download (a
 crash, Ctrl-C, a full disk) leaves only a ``.part`` file, which the next holder of the lock deletes.
 
-Sharing: processes on one node (ranks, DataLoader workers) share the cache. Filling it is serialised
-by the cache-wide lock ``.fastload-cache.lock`` (one process downloads, the others then find the
-files); a process reading a dataset holds a shared lock on ``<version dir>/.readers.lock`` for as long
-as it reads, and eviction deletes only versions whose readers lock it can take exclusively, so a shard
-being read is never deleted or replaced under a reader.
+Sharing: processes on one node (ranks, DataLoader workers) share the cache. Making room (eviction)
+and placing a version's manifest are serialised by the cache-wide lock ``.fastload-cache.lock``; each
+shard is downloaded under its own lock ``<version dir>/.<shard file>.lock`` (one process downloads it,
+the others wait and then find the file), so different shards download at once, from one process or
+several. A process reading a dataset holds a shared lock on ``<version dir>/.readers.lock`` for as
+long as it reads, and eviction deletes only versions whose readers lock it can take exclusively, so a
+shard being read is never deleted or replaced under a reader.
+
+Accounting: a version counts toward ``cache_limit`` at the size of all its shards from the moment its
+manifest is placed (room is made for the whole version when it is opened), whether its shards are
+downloaded yet or not, so versions filled lazily by several processes never overrun the bound.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 import re
 import shutil
@@ -103,15 +110,39 @@ def cache_lock(cache_dir: Path) -> FileLock:
         raise RemoteError(f"cache directory {cache_dir}: {err.strerror or err}") from None
 
 
+def shard_lock(version: Path, file: str) -> FileLock:
+    """Take the lock under which one shard of a version is downloaded (blocking)."""
+    try:
+        return FileLock(version / f".{file}.lock", exclusive=True)
+    except OSError as err:
+        raise CacheDiskError(f"cache file {version / f'.{file}.lock'}: {err.strerror or err}") from None
+
+
 def hold_for_reading(version: Path) -> FileLock:
     """Take a shared lock on a cached version: eviction leaves it alone while the lock is held."""
     return FileLock(version / READERS_LOCK_NAME, exclusive=False)
 
 
-def cached_bytes(cache_dir: Path) -> int:
-    """Return the bytes of every file in the cache (downloads in progress included)."""
+def committed_bytes(cache_dir: Path) -> int:
+    """Return the bytes the cache holds or has promised: each version at least at its shards' full size."""
+    versions = cached_versions(cache_dir)
+    total = _tree_bytes(cache_dir) - sum(_tree_bytes(v) for v in versions)  # what lies outside versions
+    for version in versions:
+        total += max(_tree_bytes(version), _full_size(version))
+    return total
+
+
+def _full_size(version: Path) -> int:
+    try:
+        doc = json.loads((version / "manifest.json").read_bytes())
+        return sum(int(s["bytes"]) for s in doc["shards"])
+    except (OSError, ValueError, KeyError, TypeError):  # damaged: it counts at what it holds
+        return 0
+
+
+def _tree_bytes(directory: Path) -> int:
     total = 0
-    for dirpath, _, files in os.walk(cache_dir):
+    for dirpath, _, files in os.walk(directory):
         for name in files:
             try:
                 total += os.stat(os.path.join(dirpath, name)).st_size
@@ -123,15 +154,19 @@ def cached_bytes(cache_dir: Path) -> int:
 def make_room(cache_dir: Path, needed: int, limit: int | None, keep: Path) -> None:
     """Evict cached versions nobody reads, least recently used first, until ``needed`` more bytes fit ``limit``.
 
-    Call with the cache lock held. ``keep`` (the version being filled) is never evicted. Raise
-    RemoteError when the versions in use leave too little room.
+    Call with the cache lock held. ``keep`` (the version being filled) is never evicted, and counts
+    at what it holds now (``needed`` is what it still lacks). Raise RemoteError when the versions in
+    use leave too little room.
     """
     if limit is None:
         return
     if needed > limit:
         raise RemoteError(f"cache_limit={limit} bytes cannot hold the {needed} bytes of shards this dataset reads "
                           f"(cache {cache_dir}); raise cache_limit or leave it unset")
-    used = cached_bytes(cache_dir)
+    def used_now() -> int:  # every other version at its full size: those being filled lazily get what they lack
+        return committed_bytes(cache_dir) - max(_tree_bytes(keep), _full_size(keep)) + _tree_bytes(keep)
+
+    used = used_now()
     if used + needed <= limit:
         return
     versions = sorted(cached_versions(cache_dir), key=_last_used)
@@ -145,7 +180,7 @@ def make_room(cache_dir: Path, needed: int, limit: int | None, keep: Path) -> No
             continue
         with lock:
             shutil.rmtree(version, ignore_errors=True)
-        used = cached_bytes(cache_dir)  # what is really gone (a file another system keeps open stays)
+        used = used_now()  # what is really gone (a file another system keeps open stays)
     if used + needed > limit:
         raise RemoteError(f"cache {cache_dir}: cache_limit={limit} bytes; {used} bytes are held by datasets in use "
                           f"and {needed} more are needed")
@@ -183,7 +218,7 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
                 stop: threading.Event | None = None) -> Path:
     """Return the cached shard, downloading it first when absent; its bytes always match the manifest.
 
-    Call with the cache lock held. A download that does not match (truncated, corrupt, the object
+    Call with the shard's lock held (``shard_lock``). A download that does not match (truncated, corrupt, the object
     replaced) or breaks off (a dropped connection after obstore's own retries) is fetched again,
     ``attempts`` times in all, then a RemoteError names the URL. A missing object is not retried.
     """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 
 from ..errors import RemoteError
@@ -14,12 +15,17 @@ class FileLock:
     """A lock on ``path`` (created if missing), shared or exclusive; released by ``release`` or ``with``.
 
     The kernel drops it when the process ends, however it ends, so a crashed or killed process never
-    leaves the cache locked.
+    leaves the cache locked. A child made by ``os.fork()`` closes its copies of the exclusive locks'
+    descriptors at once: a flock belongs to the open file, which the child would otherwise keep
+    locked after the parent released it (a DataLoader worker forked during a download would then
+    wait for that shard forever). Shared (readers') locks stay held by the child, which reads too.
     """
 
     def __init__(self, path: Path, exclusive: bool, blocking: bool = True) -> None:
         self.path = path
         self._fd: int | None = None
+        self._exclusive = exclusive
+        self._pid = os.getpid()
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             if not _lock(fd, exclusive, blocking):
@@ -28,6 +34,8 @@ class FileLock:
             os.close(fd)
             raise
         self._fd = fd
+        if exclusive:
+            _EXCLUSIVE.add(self)
 
     @classmethod
     def try_exclusive(cls, path: Path) -> FileLock | None:
@@ -45,10 +53,17 @@ class FileLock:
             return None
 
     def release(self) -> None:
-        """Release the lock (idempotent)."""
+        """Release the lock (idempotent).
+
+        An exclusive lock is unlocked explicitly before its descriptor is closed: a child forked
+        while it was being taken may hold a copy of the descriptor, which would otherwise keep the
+        open file locked. Only the process that took it unlocks it; a forked child's copy is closed.
+        """
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)  # closing the descriptor drops the flock
+            if self._exclusive and self._pid == os.getpid():
+                _unlock(fd)
+            os.close(fd)  # closing the last descriptor of the open file drops a lock left
 
     def __enter__(self) -> FileLock:
         return self
@@ -60,8 +75,32 @@ class FileLock:
         self.release()
 
 
+_EXCLUSIVE: weakref.WeakSet[FileLock] = weakref.WeakSet()  # this process's exclusive locks (for fork)
+
+
+def _drop_exclusive_locks_in_child() -> None:
+    for lock in list(_EXCLUSIVE):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)  # the child's reference to the open file: the parent's lock is unaffected
+            except OSError:
+                pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_exclusive_locks_in_child)
+
+
 if sys.platform == "win32":
     import msvcrt
+
+    def _unlock(fd: int) -> None:
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        except OSError:
+            pass
 
     def _lock(fd: int, exclusive: bool, blocking: bool) -> bool:
         # msvcrt has no shared lock: a reader's holds nothing (Windows refuses to delete a file that is
@@ -81,6 +120,12 @@ if sys.platform == "win32":
                 time.sleep(0.05)
 else:
     import fcntl
+
+    def _unlock(fd: int) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            pass
 
     def _lock(fd: int, exclusive: bool, blocking: bool) -> bool:
         flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if blocking else fcntl.LOCK_NB)

@@ -6,22 +6,19 @@ import hashlib
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ArgumentTypeError, DatasetError, RemoteError
-from ..format._manifest import MANIFEST_NAME, ShardInfo, load_manifest
+from ..format._manifest import MANIFEST_NAME, load_manifest
 from ..format._manifest_check import MAX_MANIFEST_BYTES
 from ..format._splits import MAX_SPLITS_BYTES, SPLITS_NAME, read_splits
 from ._cache import (
     READERS_LOCK_NAME,
-    DownloadStopped,
     cache_lock,
     default_cache_dir,
-    fetch_shard,
     hold_for_reading,
     make_room,
     parse_cache_limit,
@@ -29,10 +26,10 @@ from ._cache import (
     version_dir,
 )
 from ._client import RemoteRoot, StorageOptions
+from ._fetch_child import ForkedFetcher
+from ._fetcher import ShardFetcher
 from ._locks import FileLock
 from ._urls import join_url, redact
-
-DOWNLOAD_THREADS = 8  # concurrent shard downloads (obstore releases the GIL)
 
 
 @dataclass(frozen=True)
@@ -54,16 +51,39 @@ class RemoteSpec:
 
 
 class CachedDataset:
-    """A remote dataset's version in the local cache, shards downloaded, held against eviction while alive."""
+    """A remote dataset's version in the local cache, held against eviction while alive.
 
-    def __init__(self, source_url: str, path: Path, reading: FileLock) -> None:
+    Its shards are fetched by ``fetcher`` (this process's): on demand and ahead of need, or all of
+    them by ``open_remote(..., shards=True)``.
+    """
+
+    def __init__(self, source_url: str, path: Path, reading: FileLock, spec: RemoteSpec) -> None:
         self.source_url = source_url  # as given (one split's): it may hold a token, so it is never shown
         self.url = redact(source_url)
         self.path = path
         self._reading = reading
+        self._spec = spec
+        self._fetcher: ShardFetcher | ForkedFetcher | None = None
+        self._fetcher_pid = 0
+        self._pid = os.getpid()  # the process that opened it: a forked child's fetcher is a ForkedFetcher
+
+    @property
+    def fetcher(self) -> ShardFetcher | ForkedFetcher:
+        """Return this process's fetcher of the version's shards (in a child made by fork: a ForkedFetcher)."""
+        if self._fetcher is None or self._fetcher_pid != os.getpid():
+            shards = load_manifest(self.path).shards
+            if self._pid != os.getpid():  # obstore does not work after fork: a fresh interpreter fetches
+                self._fetcher = ForkedFetcher(self.source_url, self._spec, self.path, shards, self.url)
+            else:
+                self._fetcher = ShardFetcher(RemoteRoot(self.source_url, self._spec.storage_options), self.path,
+                                             shards)
+            self._fetcher_pid = os.getpid()
+        return self._fetcher
 
     def release(self) -> None:
-        """Let eviction take this version again."""
+        """Stop this process's downloads and let eviction take this version again."""
+        if self._fetcher is not None and self._fetcher_pid == os.getpid():
+            self._fetcher.close()
         self._reading.release()
 
 
@@ -102,12 +122,14 @@ def resolve_remote_split(url: str, split: str | None, spec: RemoteSpec) -> str:
     return splits[split]
 
 
-def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = True) -> CachedDataset:
-    """Return the dataset at ``url`` (one ``split`` of a root) as a local directory in the cache.
+def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = False) -> CachedDataset:
+    """Return the dataset at ``url`` (one ``split`` of a root) as a version in the cache, held for reading.
 
     The manifest is fetched and validated first (a missing object, no credentials or a refused
-    permission fail here, naming the URL, before any shard is fetched); then (with ``shards``) the
-    shards missing from the cache are downloaded, several at once, each checked against the manifest.
+    permission fail here, naming the URL, before any shard is fetched), and room is made for the
+    whole version within ``cache_limit``. The shards come later, through ``fetcher`` (on demand and
+    in the order the loader asks for them), or now with ``shards=True``: all of them, several at
+    once, each checked against the manifest.
     """
     url = resolve_remote_split(url, split, spec)
     root = RemoteRoot(url, spec.storage_options)
@@ -122,34 +144,54 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Tr
                 raise DatasetError(f"{redact(url)}: {err}") from None
             reading = hold_for_reading(version)
             try:
-                missing = [s for s in manifest.shards if shards and not _cached(version / s.file, s.bytes)]
+                missing = [s for s in manifest.shards if not _cached(version / s.file, s.bytes)]
                 make_room(spec.cache_dir, sum(s.bytes for s in missing), spec.cache_limit, version)
                 touch(version / READERS_LOCK_NAME)
-                _download_all(root, version, missing)
             except BaseException:
                 reading.release()
                 raise
     except OSError as err:  # the cache's own files: permissions, a full disk, locks the filesystem refuses
         raise RemoteError(f"cache {spec.cache_dir}: {err.strerror or err} (opening {redact(url)})") from None
-    return CachedDataset(url, version, reading)
+    cached = CachedDataset(url, version, reading, spec)
+    if shards:
+        try:
+            fetch_all(cached.fetcher)
+        except BaseException:
+            cached.release()
+            raise
+    return cached
+
+
+def fetch_all(fetcher: ShardFetcher | ForkedFetcher) -> None:
+    """Fetch every shard of a version not in the cache yet, several at once; raise the first failure.
+
+    The wait is in short slices: a Ctrl-C ends it at once, and the fetcher is then closed (the
+    transfers in flight stop at their next chunk and leave only ``.part`` files).
+    """
+    try:
+        fetcher.want(range(len(fetcher)))
+        for index in range(len(fetcher)):
+            fetcher.ensure(index)
+    except BaseException:
+        fetcher.close()
+        raise
 
 
 def reopen_cached(source_url: str, path: Path, spec: RemoteSpec) -> CachedDataset:
     """Hold a version already opened elsewhere (a dataset unpickled in a worker), without the network.
 
-    When the cached copy is whole (its manifest matches the version's name and every shard is there),
-    no request is made: a worker starts while the store is unreachable, and it reads the version it
-    was handed, never a newer one written at the same URL since. A copy evicted meanwhile is fetched
-    again; if the URL now holds another version, a RemoteError says the dataset changed.
+    When the version is in the cache (its manifest matches the version's name), no request is made:
+    a worker starts while the store is unreachable, reads the shards already there, and fetches the
+    others as it needs them, from the version it was handed, never a newer one written at the same
+    URL since. A version evicted meanwhile is opened again; if the URL now holds another version, a
+    RemoteError says the dataset changed.
     """
     try:
-        manifest = load_manifest(path)
-        whole = (hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()[:16] == path.name
-                 and all(_cached(path / s.file, s.bytes) for s in manifest.shards))
-        if whole:
-            return CachedDataset(source_url, path, hold_for_reading(path))
+        if hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()[:16] == path.name:
+            load_manifest(path)
+            return CachedDataset(source_url, path, hold_for_reading(path), spec)
     except (DatasetError, OSError):
-        pass  # evicted or damaged: fetch it again below
+        pass  # evicted or damaged: open it again below
     cached = open_remote(source_url, None, spec)
     if cached.path != path:
         cached.release()
@@ -184,46 +226,3 @@ def _cached(path: Path, size: int) -> bool:
         return False
 
 
-def _download_all(root: RemoteRoot, version: Path, shards: list[ShardInfo]) -> None:
-    """Download ``shards`` into ``version``, several at once, in their order; raise the first one's error.
-
-    The downloads run on daemon threads that this thread waits for in short slices: a Ctrl-C ends
-    the wait at once (the transfers in flight stop at their next chunk, or with the process, and
-    leave only ``.part`` files); on the first error no further download starts.
-    """
-    if not shards:
-        return
-    todo = list(enumerate(shards))
-    failures: list[tuple[int, BaseException]] = []
-    stop = threading.Event()
-    lock = threading.Lock()
-
-    def work() -> None:
-        while not stop.is_set():
-            with lock:
-                if not todo:
-                    return
-                number, shard = todo.pop(0)
-            try:
-                fetch_shard(root, version, shard, stop=stop)
-            except BaseException as err:  # handed to the waiting thread
-                with lock:
-                    failures.append((number, err))
-                stop.set()
-
-    threads = [threading.Thread(target=work, name=f"fastload-download-{i}", daemon=True)
-               for i in range(min(DOWNLOAD_THREADS, len(shards)))]
-    for thread in threads:
-        thread.start()
-    try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.1)
-    finally:
-        stop.set()  # a transfer still in flight (after a Ctrl-C) renames nothing from now on
-        deadline = time.monotonic() + 2.0
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-    failures = [f for f in failures if not isinstance(f[1], DownloadStopped)]
-    if failures:
-        raise min(failures, key=lambda f: f[0])[1]

@@ -39,7 +39,7 @@ def _describe_remote(url: str) -> str:
     targets = {None: url} if splits is None else splits
     parts = [] if splits is None else [f"dataset root {redact(url)}: splits {', '.join(splits)}"]
     for name, split_url in targets.items():
-        cached = open_remote(split_url, None, spec, shards=False)
+        cached = open_remote(split_url, None, spec)
         text = _describe_one(cached.path, shown=cached.url)
         parts.append(text if name is None else f"[{name}] {text}")
         cached.release()

@@ -109,7 +109,7 @@ def _download_remote(url: str, held: list[CachedDataset]) -> dict[str, Path]:
     spec = RemoteSpec.build(None, None, None)
     splits = remote_splits(url, spec)
     targets = {redact(url): url} if splits is None else {f"{redact(url)} [{n}]": u for n, u in splits.items()}
-    held.extend(open_remote(split_url, None, spec) for split_url in targets.values())
+    held.extend(open_remote(split_url, None, spec, shards=True) for split_url in targets.values())
     return {name: cached.path for name, cached in zip(targets, held)}
 
 

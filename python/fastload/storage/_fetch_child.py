@@ -1,0 +1,118 @@
+"""Fetching in a process made by ``os.fork()``: one shard at a time, by a fresh interpreter.
+
+obstore's runtime does not survive ``fork`` (a forked child's request never returns: tested), so a
+child such as a ``DataLoader`` worker gets a :class:`ForkedFetcher`. A shard already whole is read at
+once; one its parent is downloading is waited for (its lock); any other is fetched by a fresh
+interpreter running this module (:func:`fetch_in_fresh_process`). The request (URL, storage options,
+version directory, shard number) goes through stdin, never the command line, where credentials
+would show in process listings. The child prints an error as ``<type>``, a tab and ``<message>`` on stderr and
+exits 1; the messages are the storage layer's, which never hold secrets.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import errors
+from ..errors import FastloadError, RemoteError
+from ..format._manifest import ShardInfo, load_manifest
+from ._cache import shard_lock
+from ._client import RemoteRoot
+from ._fetcher import ShardFetcher
+
+
+class ForkedFetcher:
+    """The fetcher of a forked child: what :class:`ShardFetcher` offers readers, without obstore in this process."""
+
+    def __init__(self, source_url: str, spec: Any, version: Path, shards: list[ShardInfo], url: str) -> None:
+        self._source_url, self._spec, self._version, self._shards, self._url = source_url, spec, version, shards, url
+
+    def __len__(self) -> int:
+        return len(self._shards)
+
+    def path(self, index: int) -> Path:
+        """Return where shard ``index`` lies in the cache (whole or not yet)."""
+        return self._version / self._shards[index].file
+
+    def is_here(self, index: int) -> bool:
+        """Return whether shard ``index`` is whole in the cache."""
+        try:
+            return self.path(index).stat().st_size == self._shards[index].bytes
+        except OSError:
+            return False
+
+    def missing(self) -> int:
+        """Return how many shards are not in the cache yet."""
+        return sum(not self.is_here(i) for i in range(len(self._shards)))
+
+    def want(self, order: Any) -> None:
+        """Do nothing: the parent process fetches ahead."""
+
+    def on_fetched(self, listener: Any) -> None:
+        """Call ``listener(index, path)`` for the shards here now (those fetched later are returned by ensure)."""
+        for index in range(len(self._shards)):
+            if self.is_here(index):
+                listener(index, self.path(index))
+
+    def ready(self, indices: Any) -> bool:
+        """Return whether every shard of ``indices`` is whole."""
+        return all(self.is_here(int(i)) for i in indices)
+
+    def ensure(self, index: int, timeout: float | None = None) -> Path:
+        """Return shard ``index``'s path once it is whole: waited for if another process fetches it, else fetched."""
+        if not self.is_here(index):
+            with shard_lock(self._version, self._shards[index].file):  # released when its downloader is done
+                here = self.is_here(index)
+            if not here:
+                fetch_in_fresh_process(self._source_url, self._spec, self._version, index, self._url)
+            if not self.is_here(index):
+                raise RemoteError(f"{self._url}/{self._shards[index].file}: not in the cache after its download")
+        return self.path(index)
+
+    def close(self) -> None:
+        """Do nothing: no thread of its own."""
+
+
+def fetch_in_fresh_process(source_url: str, spec: Any, version: Path, index: int, url: str) -> None:
+    """Fetch shard ``index`` of the cached ``version`` of ``source_url`` in a fresh interpreter; raise its error."""
+    payload = pickle.dumps((source_url, spec, str(version), int(index)))
+    try:
+        done = subprocess.run([sys.executable, "-m", "fastload.storage._fetch_child"], input=payload,
+                              capture_output=True, check=False)
+    except OSError as err:
+        raise RemoteError(f"{url}: cannot start a process to fetch shard {index}: {err}") from None
+    if done.returncode == 0:
+        return
+    lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    kind, _, message = (lines[-1] if lines else "").partition("\t")
+    error = getattr(errors, kind, None)
+    if isinstance(error, type) and issubclass(error, FastloadError) and message:
+        raise error(message)
+    raise RemoteError(f"{url}: the process fetching shard {index} failed (exit status {done.returncode})")
+
+
+def main() -> int:
+    """Read the request from stdin, fetch the shard, report an error on stderr."""
+    source_url, spec, version, index = pickle.loads(sys.stdin.buffer.read())
+    try:
+        fetcher = ShardFetcher(RemoteRoot(source_url, spec.storage_options), Path(version),
+                               load_manifest(Path(version)).shards, threads=1)
+        try:
+            fetcher.ensure(index)
+        finally:
+            fetcher.close()
+    except FastloadError as err:
+        print(f"{type(err).__name__}\t{err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"RemoteError\tcache {version}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
