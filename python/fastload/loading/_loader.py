@@ -345,7 +345,8 @@ class ShardLoader:
             if len(plan):  # a remote dataset fetches ahead in the order this rank's batches read
                 datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
                 if any(is_remote_dataset(ds) for ds in datasets):
-                    fetch_ahead(datasets, np.asarray(order.at(plan.positions_of_batches(0, len(plan)))))
+                    fetch_ahead(datasets, np.asarray(order.at(plan.positions_of_batches(0, len(plan)))),
+                                self.batch_size)
             inner = iter(self._dataloader) if len(plan) else iter(())
         if self.device is not None or self._transfer_ops is not None:
             ops = self._transfer_ops
@@ -372,7 +373,7 @@ class ShardLoader:
             self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
         batch_indices = BatchIndices(plan, native_position_map(order))
         if isinstance(self._shards, RemoteShardSet):  # fetch ahead in the order this rank's batches read
-            self._shards.want(native_position_map(order)(plan.positions_of_batches(0, len(plan))))
+            self._shards.want(native_position_map(order)(plan.positions_of_batches(0, len(plan))), self.batch_size)
         settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
                                   host_allocator=self._host_allocator, slots=None if grouped else self._slots)
         epoch_batches: Iterator[Batch]

@@ -42,19 +42,25 @@ def shard_need_order(starts: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return unique[np.argsort(first, kind="stable")]
 
 
-def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray) -> None:
-    """Have each remote dataset fetch the shards ``indices`` read (global over ``datasets``), first needed first."""
+def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray, batch_size: int) -> None:
+    """Have each remote dataset fetch the shards ``indices`` read (global over ``datasets``), first needed first.
+
+    The shards of the first batch (``indices[:batch_size]``) get the link to themselves until one
+    of them is whole (``ShardFetcher.want``'s ``first``).
+    """
     if not any(is_remote_dataset(ds) for ds in datasets):
         return
     starts = shard_starts(datasets)
     order = shard_need_order(starts, indices)
-    first = 0
+    urgent = set(shard_need_order(starts, indices[:batch_size]).tolist())
+    offset = 0
     for ds in datasets:
         count = len(ds.manifest.shards)
         if is_remote_dataset(ds):
-            mine = order[(order >= first) & (order < first + count)] - first
-            ds._cached.fetcher.want(mine.tolist())  # type: ignore[union-attr]
-        first += count
+            mine = order[(order >= offset) & (order < offset + count)] - offset
+            first = sum(1 for s in range(offset, offset + count) if s in urgent)
+            ds._cached.fetcher.want(mine.tolist(), first)  # type: ignore[union-attr]
+        offset += count
 
 
 class RemoteShardSet:
@@ -84,9 +90,9 @@ class RemoteShardSet:
                     self._parts.append((i, None))
             first += len(ds.manifest.shards)
 
-    def want(self, indices: np.ndarray) -> None:
-        """Fetch the shards ``indices`` read, in the order of first need (the rank's epoch, in order)."""
-        fetch_ahead(self.datasets, indices)
+    def want(self, indices: np.ndarray, batch_size: int) -> None:
+        """Fetch the shards ``indices`` read, in the order of first need (the rank's epoch, in batches)."""
+        fetch_ahead(self.datasets, indices, batch_size)
 
     def _missing(self, indices: np.ndarray) -> list[int]:
         if self._all_attached:

@@ -47,6 +47,7 @@ class ShardFetcher:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._listeners: list[Callable[[int, Path], None]] = []
+        self._urgent: int | None = None  # a slow start: this many downloads until one shard is whole
         _LIVE.add(self)
 
     def __len__(self) -> int:
@@ -78,12 +79,19 @@ class ShardFetcher:
         for index in here:
             listener(index, self.path(index))
 
-    def want(self, order: Iterable[int]) -> None:
-        """Fetch the shards of ``order`` not here yet, in that order, in the background (replaces the queue)."""
+    def want(self, order: Iterable[int], first: int = 0) -> None:
+        """Fetch the shards of ``order`` not here yet, in that order, in the background (replaces the queue).
+
+        ``first``: how many shards at the head of ``order`` the first batch reads. Until one shard is
+        whole only that many download at once (at least 2): on a link whose bandwidth the downloads
+        share, the first batch's shards then arrive sooner; then all ``threads`` do.
+        """
         with self._cond:
             self._check_open()
             self._queue = [i for i in dict.fromkeys(int(i) for i in order)
                            if not self._done[i] and i not in self._running and i not in self._errors]
+            if first > 0 and not self._running and self._queue:
+                self._urgent = max(2, first)
             self._start_threads()
             self._cond.notify_all()
 
@@ -144,7 +152,8 @@ class ShardFetcher:
 
     def _start_threads(self) -> None:  # with self._cond held
         self._threads = [t for t in self._threads if t.is_alive()]
-        while len(self._threads) < min(self._threads_wanted, len(self._queue)):
+        wanted = self._threads_wanted if self._urgent is None else min(self._threads_wanted, self._urgent)
+        while len(self._threads) < min(wanted, len(self._queue)):
             thread = threading.Thread(target=self._work, name=f"fastload-fetch-{len(self._threads)}", daemon=True)
             self._threads.append(thread)
             thread.start()
@@ -174,6 +183,9 @@ class ShardFetcher:
                 self._running.discard(index)
                 if error is None:
                     self._done[index] = True
+                    if self._urgent is not None:
+                        self._urgent = None
+                        self._start_threads()  # the first shard is whole: all the threads from now on
                 else:
                     self._errors[index] = error
                 self._cond.notify_all()
