@@ -227,6 +227,7 @@ class ShardDataset(torch.utils.data.Dataset):
             self._fingerprints = self.manifest.record_fingerprints()
         self.__dict__.setdefault("url", None)
         self.__dict__.setdefault("_remote", None)
+        self.__dict__.setdefault("_cached", None)  # pickled before remote datasets: a local one
         if self._remote is not None:  # the same version, held against eviction here too, offline when whole
             url, spec = self._remote
             self._cached = reopen_cached(url, self.path, spec)

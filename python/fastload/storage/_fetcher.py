@@ -82,14 +82,18 @@ class ShardFetcher:
     def want(self, order: Iterable[int], first: int = 0) -> None:
         """Fetch the shards of ``order`` not here yet, in that order, in the background (replaces the queue).
 
+        A shard whose download failed earlier is tried again.
+
         ``first``: how many shards at the head of ``order`` the first batch reads. Until one shard is
         whole only that many download at once (at least 2): on a link whose bandwidth the downloads
         share, the first batch's shards then arrive sooner; then all ``threads`` do.
         """
         with self._cond:
             self._check_open()
-            self._queue = [i for i in dict.fromkeys(int(i) for i in order)
-                           if not self._done[i] and i not in self._running and i not in self._errors]
+            wanted = list(dict.fromkeys(int(i) for i in order))
+            for i in wanted:  # a new pass tries again what failed before (the store may be back)
+                self._errors.pop(i, None)
+            self._queue = [i for i in wanted if not self._done[i] and i not in self._running]
             if first > 0 and not self._running and self._queue:
                 self._urgent = max(2, first)
             self._start_threads()
