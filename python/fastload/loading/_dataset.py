@@ -210,8 +210,16 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def with_fields(self, fields: Sequence[str] | None, verify_checksums: bool) -> ShardDataset:
         """Return this dataset reading ``fields`` (all when None), a remote one from the same cached copy."""
-        dataset = ShardDataset(self.path, fields, verify_checksums, allow_external_shards=self.allow_external_shards)
-        dataset.url, dataset._remote, dataset._cached = self.url, self._remote, self._cached
+        if self._cached is None:
+            return ShardDataset(self.path, fields, verify_checksums, allow_external_shards=self.allow_external_shards)
+        # Remote: the same cached version and fetcher; its shards may not be here yet, so no file is checked.
+        dataset = ShardDataset.__new__(ShardDataset)
+        dataset.__dict__.update(self.__dict__)
+        dataset.fields = select_fields(self.manifest.fields, fields)
+        dataset.verify_checksums = verify_checksums
+        chosen = {f.name for f in dataset.fields}
+        dataset._wanted = [f.name in chosen for f in self.manifest.fields]
+        dataset._envs = {}
         return dataset
 
     def __getstate__(self) -> dict[str, Any]:

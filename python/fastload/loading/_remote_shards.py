@@ -105,11 +105,14 @@ class RemoteShardSet:
 
     def ready(self, indices: np.ndarray) -> bool:
         """Return whether every shard ``indices`` read is attached; raise a failed download's error."""
-        missing = self._missing(indices)
-        for s in missing:
+        ready = True
+        for s in self._missing(indices):
             local, fetcher = self._parts[s]
-            fetcher.ready([local])  # raises the download's error, if it failed
-        return not missing
+            if fetcher.ready([local]):  # whole, its listener not run for this set: attach it here
+                self.native.attach(s, str(fetcher.path(local)))
+            else:  # (ready raises the download's error, if it failed)
+                ready = False
+        return ready
 
     def wait(self, indices: np.ndarray) -> None:
         """Return once every shard ``indices`` read is attached, fetching it first; raise a download's error."""

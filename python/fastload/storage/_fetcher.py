@@ -27,6 +27,7 @@ from ..errors import RemoteError
 from ..format._manifest import ShardInfo
 from ._cache import DownloadStopped, fetch_shard, shard_lock
 from ._client import RemoteRoot
+from ._urls import redact
 
 DOWNLOAD_THREADS = 8  # concurrent shard downloads (obstore releases the GIL)
 _WAIT_SLICE_S = 0.1  # a waiting thread wakes this often (Ctrl-C is handled between slices)
@@ -48,6 +49,7 @@ class ShardFetcher:
         self._stop = threading.Event()
         self._listeners: list[Callable[[int, Path], None]] = []
         self._urgent: int | None = None  # a slow start: this many downloads until one shard is whole
+        self._pid = os.getpid()
         _LIVE.add(self)
 
     def __len__(self) -> int:
@@ -107,16 +109,15 @@ class ShardFetcher:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._check_open()
-            if not self._done[index] and index not in self._running and index not in self._errors:
-                if index in self._queue:
-                    self._queue.remove(index)
-                self._queue.insert(0, index)
-                self._start_threads()
-                self._cond.notify_all()
+            self._errors.pop(index, None)  # failed before: this call tries again (the store may be back)
             while not self._done[index]:
                 if index in self._errors:
                     raise self._errors[index]
                 self._check_open()
+                if index not in self._running and index not in self._queue:  # first, or dropped by a want()
+                    self._queue.insert(0, index)
+                    self._start_threads()
+                    self._cond.notify_all()
                 if deadline is not None and time.monotonic() > deadline:
                     raise RemoteError(f"{self._root.url_of(self._shards[index].file)}: not fetched within "
                                       f"{timeout:g} s")
@@ -152,7 +153,8 @@ class ShardFetcher:
 
     def _check_open(self) -> None:
         if self._stop.is_set():
-            raise RemoteError(f"{self._root.url}: this dataset's downloads were stopped (the dataset was closed)")
+            raise RemoteError(f"{redact(self._root.url)}: this dataset's downloads were stopped (the dataset was "
+                              "closed)")
 
     def _start_threads(self) -> None:  # with self._cond held
         self._threads = [t for t in self._threads if t.is_alive()]
@@ -187,11 +189,11 @@ class ShardFetcher:
                 self._running.discard(index)
                 if error is None:
                     self._done[index] = True
-                    if self._urgent is not None:
-                        self._urgent = None
-                        self._start_threads()  # the first shard is whole: all the threads from now on
                 else:
                     self._errors[index] = error
+                if self._urgent is not None:
+                    self._urgent = None
+                    self._start_threads()  # one shard has ended: all the threads from now on
                 self._cond.notify_all()
 
     def _fetch(self, index: int) -> Path:
@@ -207,7 +209,8 @@ _LIVE: weakref.WeakSet[ShardFetcher] = weakref.WeakSet()  # this process's fetch
 def _stop_at_exit() -> None:
     """Stop every fetcher before the interpreter kills its daemon threads: their ``.part`` files are removed."""
     for fetcher in list(_LIVE):
-        fetcher.close()
+        if fetcher._pid == os.getpid():  # a forked child's copies: their locks may be held by dead threads
+            fetcher.close()
 
 
 def _is_whole(path: Path, size: int) -> bool:

@@ -27,15 +27,16 @@ class FileLock:
         self._exclusive = exclusive
         self._pid = os.getpid()
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = fd
+        if exclusive:  # before it is locked: a child forked while this thread waits closes its copy too
+            _EXCLUSIVE.add(self)
         try:
             if not _lock(fd, exclusive, blocking):
                 raise BlockingIOError(f"{path} is locked")
         except BaseException:
+            self._fd = None
             os.close(fd)
             raise
-        self._fd = fd
-        if exclusive:
-            _EXCLUSIVE.add(self)
 
     @classmethod
     def try_exclusive(cls, path: Path) -> FileLock | None:
