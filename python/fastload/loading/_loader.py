@@ -22,7 +22,7 @@ from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
 from ._native_backend import NativeEpoch, NativeSettings, SlotPoolKeeper, open_shards
 from ._native_groups import GroupedNativeEpoch, open_groups
 from ._plan import BatchIndices, EpochPlan
-from ._remote_shards import RemoteShardSet, fetch_ahead, is_remote_dataset
+from ._remote_shards import RemoteShardSet, fetch_ahead, shards_missing
 from ._sampler import EpochBatchSampler, EpochSampler
 from ._sampling_setup import WithSource, dataset_fingerprint
 from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec
@@ -344,7 +344,7 @@ class ShardLoader:
             self._sampler.configure(order, plan, epoch)
             if len(plan):  # a remote dataset fetches ahead in the order this rank's batches read
                 datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
-                if any(is_remote_dataset(ds) for ds in datasets):
+                if shards_missing(datasets):
                     fetch_ahead(datasets, np.asarray(order.at(plan.positions_of_batches(0, len(plan)))),
                                 self.batch_size)
             inner = iter(self._dataloader) if len(plan) else iter(())
@@ -372,8 +372,9 @@ class ShardLoader:
         if self._shards is None:
             self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
         batch_indices = BatchIndices(plan, native_position_map(order))
-        if isinstance(self._shards, RemoteShardSet):  # fetch ahead in the order this rank's batches read
-            self._shards.want(native_position_map(order)(plan.positions_of_batches(0, len(plan))), self.batch_size)
+        remote_set = self._shards if isinstance(self._shards, RemoteShardSet) else None
+        if remote_set is not None and shards_missing(datasets):  # fetch ahead in the order the batches read
+            remote_set.want(native_position_map(order)(plan.positions_of_batches(0, len(plan))), self.batch_size)
         settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
                                   host_allocator=self._host_allocator, slots=None if grouped else self._slots)
         epoch_batches: Iterator[Batch]

@@ -42,6 +42,12 @@ def shard_need_order(starts: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return unique[np.argsort(first, kind="stable")]
 
 
+def shards_missing(datasets: Sequence[ShardDataset]) -> bool:
+    """Return whether a remote dataset among ``datasets`` lacks shards in the cache (a pass then fetches ahead)."""
+    return any(is_remote_dataset(ds) and ds._cached.fetcher.missing() > 0  # type: ignore[union-attr]
+               for ds in datasets)
+
+
 def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray, batch_size: int) -> None:
     """Have each remote dataset fetch the shards ``indices`` read (global over ``datasets``), first needed first.
 
