@@ -582,6 +582,17 @@ def test_a_users_dataloader_with_forked_workers_reads_a_remote_dataset(tiles, s3
     assert torch.equal(got, expected)
 
 
+def test_a_forked_worker_reports_a_missing_shard_as_a_typed_error_naming_it(tiles, s3, tmp_path):
+    local, _ = tiles
+    url = upload(s3[1], local, "holey")
+    s3[1].delete_object(Bucket=BUCKET, Key="holey/shard-00003.lmdb")
+    dataset = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path)
+    dataset[0]  # the store used in this process before the fork
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(RemoteError, match=rf"s3://{BUCKET}/holey/shard-00003.lmdb"):
+        list(loader)
+
+
 def test_a_server_that_dies_mid_epoch_is_a_typed_error_within_a_bounded_time(tiles, tmp_path):
     from fault_proxy import FaultProxy
 

@@ -11,6 +11,7 @@ exits 1; the messages are the storage layer's, which never hold secrets.
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -80,19 +81,25 @@ class ForkedFetcher:
 def fetch_in_fresh_process(source_url: str, spec: Any, version: Path, index: int, url: str) -> None:
     """Fetch shard ``index`` of the cached ``version`` of ``source_url`` in a fresh interpreter; raise its error."""
     payload = pickle.dumps((source_url, spec, str(version), int(index)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
     try:
         done = subprocess.run([sys.executable, "-m", "fastload.storage._fetch_child"], input=payload,
-                              capture_output=True, check=False)
+                              capture_output=True, check=False, env=env)
     except OSError as err:
         raise RemoteError(f"{url}: cannot start a process to fetch shard {index}: {err}") from None
     if done.returncode == 0:
         return
     lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
-    kind, _, message = (lines[-1] if lines else "").partition("\t")
-    error = getattr(errors, kind, None)
-    if isinstance(error, type) and issubclass(error, FastloadError) and message:
-        raise error(message)
-    raise RemoteError(f"{url}: the process fetching shard {index} failed (exit status {done.returncode})")
+    for line in reversed(lines):  # the child's report; anything printed after it (a warning) is skipped
+        kind, tab, message = line.partition("\t")
+        error = getattr(errors, kind, None) if tab else None
+        if isinstance(error, type) and issubclass(error, FastloadError) and message:
+            raised = error.__new__(error)  # its message as the child wrote it, whatever its constructor takes
+            Exception.__init__(raised, message)
+            raise raised
+    what = lines[-1].split(":", 1)[0] if lines else "no message"  # an exception's type only: no values shown
+    raise RemoteError(f"{url}: the process fetching shard {index} failed (exit status {done.returncode}, "
+                      f"{what})")
 
 
 def main() -> int:
