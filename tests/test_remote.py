@@ -236,8 +236,8 @@ def test_processes_share_one_cache(tiles, proxy, tmp_path):
     assert len(shard_gets) == len(list(local.glob("*.lmdb"))) and set(shard_gets.values()) == {1}, shard_gets
 
 
-def test_a_dead_server_is_a_typed_error_within_a_bounded_time(tiles, tmp_path):
-    local, _ = tiles
+def mortal_server(local: Path, prefix: str):
+    """A moto server of this test's own (the test stops it) holding ``local`` at ``prefix``: (server, endpoint, URL)."""
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -245,9 +245,19 @@ def test_a_dead_server_is_a_typed_error_within_a_bounded_time(tiles, tmp_path):
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="t", aws_secret_access_key="s",
                           region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
-    url = upload(client, local, "dying")
-    options = {"endpoint": endpoint, "access_key_id": "t", "secret_access_key": "s", "region": "us-east-1",
-               "allow_http": True, "max_retries": 2, "retry_timeout_s": 3}
+    return server, endpoint, upload(client, local, prefix)
+
+
+def short_retries(endpoint: str) -> dict:
+    """Storage options for ``mortal_server`` at ``endpoint``, with few, short retries (a dead server fails fast)."""
+    return {"endpoint": endpoint, "access_key_id": "t", "secret_access_key": "s", "region": "us-east-1",
+            "allow_http": True, "max_retries": 2, "retry_timeout_s": 3}
+
+
+def test_a_dead_server_is_a_typed_error_within_a_bounded_time(tiles, tmp_path):
+    local, _ = tiles
+    server, endpoint, url = mortal_server(local, "dying")
+    options = short_retries(endpoint)
     server.stop()
     started = time.monotonic()
     with pytest.raises(RemoteError, match=f"s3://{BUCKET}/dying/"):
@@ -597,19 +607,11 @@ def test_a_server_that_dies_mid_epoch_is_a_typed_error_within_a_bounded_time(til
     from fault_proxy import FaultProxy
 
     local, _ = tiles
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="t", aws_secret_access_key="s",
-                          region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
-    url = upload(client, local, "dies")
+    server, endpoint, url = mortal_server(local, "dies")
     fp = FaultProxy(endpoint, delay_s=3.0)
     for k in range(5, 11):  # the later shards are still on their way when the server dies
         fp.plan(f"shard-{k:05d}.lmdb", "delay")
-    options = {"endpoint": fp.url, "access_key_id": "t", "secret_access_key": "s", "region": "us-east-1",
-               "allow_http": True, "max_retries": 2, "retry_timeout_s": 3}
+    options = short_retries(fp.url)
     try:
         loader = fastload.ShardLoader(url, batch_size=64, storage_options=options, cache_dir=tmp_path)
         it = iter(loader)

@@ -59,11 +59,6 @@ class ShardFetcher:
         """Return where shard ``index`` lies in the cache (whole or not yet)."""
         return self._version / self._shards[index].file
 
-    def is_here(self, index: int) -> bool:
-        """Return whether shard ``index`` is whole in the cache."""
-        with self._cond:
-            return self._done[index]
-
     def missing(self) -> int:
         """Return how many shards are not in the cache yet."""
         with self._cond:
