@@ -214,6 +214,14 @@ def _last_used(version: Path) -> float:
         return 0.0
 
 
+def is_whole(path: Path, size: int) -> bool:
+    """Return whether ``path`` is a file of ``size`` bytes: a shard under its final name is whole (it was checked)."""
+    try:
+        return path.is_file() and path.stat().st_size == size
+    except OSError:
+        return False
+
+
 def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int = 3,
                 stop: threading.Event | None = None) -> Path:
     """Return the cached shard, downloading it first when absent; its bytes always match the manifest.
@@ -223,7 +231,7 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
     ``attempts`` times in all, then a RemoteError names the URL. A missing object is not retried.
     """
     dest = version / shard.file
-    if dest.is_file() and dest.stat().st_size == shard.bytes:
+    if is_whole(dest, shard.bytes):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     for stale in dest.parent.glob(dest.name + ".part-*"):  # torn downloads of a process that ended

@@ -21,7 +21,7 @@ from typing import Any
 from .. import errors
 from ..errors import FastloadError, RemoteError
 from ..format._manifest import ShardInfo, load_manifest
-from ._cache import shard_lock
+from ._cache import is_whole, shard_lock
 from ._client import RemoteRoot
 from ._fetcher import ShardFetcher
 
@@ -41,10 +41,7 @@ class ForkedFetcher:
 
     def is_here(self, index: int) -> bool:
         """Return whether shard ``index`` is whole in the cache."""
-        try:
-            return self.path(index).stat().st_size == self._shards[index].bytes
-        except OSError:
-            return False
+        return is_whole(self.path(index), self._shards[index].bytes)
 
     def missing(self) -> int:
         """Return how many shards are not in the cache yet."""

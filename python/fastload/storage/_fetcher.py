@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import RemoteError
 from ..format._manifest import ShardInfo
-from ._cache import DownloadStopped, fetch_shard, shard_lock
+from ._cache import DownloadStopped, fetch_shard, is_whole, shard_lock
 from ._client import RemoteRoot
 from ._urls import redact
 
@@ -41,7 +41,7 @@ class ShardFetcher:
         self._root, self._version, self._shards = root, version, shards
         self._threads_wanted = max(1, threads)
         self._cond = threading.Condition()
-        self._done = [_is_whole(version / s.file, s.bytes) for s in shards]
+        self._done = [is_whole(version / s.file, s.bytes) for s in shards]
         self._errors: dict[int, BaseException] = {}
         self._running: set[int] = set()
         self._queue: list[int] = []  # shards to fetch, first needed first
@@ -206,10 +206,3 @@ def _stop_at_exit() -> None:
     for fetcher in list(_LIVE):
         if fetcher._pid == os.getpid():  # a forked child's copies: their locks may be held by dead threads
             fetcher.close()
-
-
-def _is_whole(path: Path, size: int) -> bool:
-    try:
-        return os.stat(path).st_size == size
-    except OSError:
-        return False

@@ -20,6 +20,7 @@ from ._cache import (
     cache_lock,
     default_cache_dir,
     hold_for_reading,
+    is_whole,
     make_room,
     parse_cache_limit,
     touch,
@@ -144,7 +145,7 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Fa
                 raise DatasetError(f"{redact(url)}: {err}") from None
             reading = hold_for_reading(version)
             try:
-                missing = [s for s in manifest.shards if not _cached(version / s.file, s.bytes)]
+                missing = [s for s in manifest.shards if not is_whole(version / s.file, s.bytes)]
                 make_room(spec.cache_dir, sum(s.bytes for s in missing), spec.cache_limit, version)
                 touch(version / READERS_LOCK_NAME)
             except BaseException:
@@ -217,12 +218,3 @@ def _place_manifest(version: Path, manifest_bytes: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(part, target)
-
-
-def _cached(path: Path, size: int) -> bool:
-    try:
-        return path.is_file() and path.stat().st_size == size
-    except OSError:
-        return False
-
-
