@@ -7,6 +7,8 @@ concurrent requests as the loader uses (the physical floor of a cold epoch);
 ``remote-cold``: loader construction (the manifest) and one epoch into an empty cache (the shards are
 fetched in the order the epoch reads them while batches are served);
 ``remote-warm``: one epoch from a warm cache (a loader built, and one epoch read, before the rounds).
+``test_remote_window_epoch``: ``cache_limit`` a quarter of the dataset under ``shuffle_window`` (the
+largest window that fits), beside the local copy read in the same order; the cache's peak bytes.
 The targets (issue 25): warm at least 0.9 of local; cold at least 0.8 of the lower of warm and the
 GET floor, in bytes per sample. moto serves from one Python process on this machine's 2 cores, so its
 floor is low and noisy: compare ratios from one run only.
@@ -15,6 +17,8 @@ floor is low and noisy: compare ratios from one run only.
 from __future__ import annotations
 
 import tempfile
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -129,3 +133,84 @@ def test_remote_epoch(benchmark, s3, ds, phase):
     assert result.samples == ds.count
     benchmark.extra_info.update(extra_info(result, ds.sample_bytes, None, memory))
     benchmark.extra_info["peak_cache_mb"] = peak_cache / 2**20
+
+
+class CachePeak:
+    """The cache's peak bytes over an epoch, sampled every few milliseconds in a thread (files by inode)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.peak, self._stop = root, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _size(self) -> int:
+        sizes = {}
+        for p in self.root.rglob("*"):
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            if p.is_file():
+                sizes[(st.st_dev, st.st_ino)] = st.st_size
+        return sum(sizes.values())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._size())
+            time.sleep(0.01)
+
+    def __enter__(self) -> CachePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+WINDOWED = [ds for ds in REMOTE if ds.name == "small-raw"]  # 13 shards: a quarter holds 3 (tiles: 3 shards in all)
+
+
+@pytest.mark.parametrize("phase", ["local", "remote-quarter"])
+@pytest.mark.parametrize("ds", WINDOWED, ids=lambda d: d.name)
+def test_remote_window_epoch(benchmark, s3, ds, phase):
+    """``cache_limit`` a quarter of the dataset, ``shuffle_window`` the largest that fits; local reads the same order.
+
+    Every epoch of a windowed dataset downloads every shard again (the cache holds a quarter), so
+    each round is a fresh loader over an empty cache; the GET floor is ``test_remote_get_floor``'s.
+    """
+    options, urls = s3
+    local_path = ensure(ds)
+    sizes = [p.stat().st_size for p in local_path.glob("*.lmdb")]
+    limit = dataset_bytes(local_path) // 4
+    window = max(1, limit // (2 * max(sizes)))
+    kwargs = {"batch_size": BATCH, "shuffle": True, "shuffle_window": window, "seed": SEED, "num_threads": 2}
+    result = EpochResult()
+    with tempfile.TemporaryDirectory(prefix="fastload-bench-cache-") as tmp:
+        caches = iter(range(1000))
+        local = fastload.ShardLoader(str(local_path), **kwargs) if phase == "local" else None
+        peak = 0
+
+        cache = [Path(tmp) / "none"]
+
+        def make():
+            if local is not None:
+                return local
+            return fastload.ShardLoader(urls[ds.name], storage_options=options, cache_limit=limit,
+                                        cache_dir=cache[0], **kwargs)
+
+        def epoch() -> None:
+            nonlocal peak
+            cache[0] = Path(tmp) / f"cache-{next(caches)}"
+            cache[0].mkdir()
+            with CachePeak(cache[0]) as watch:
+                run_epoch(make, result)
+            peak = max(peak, watch.peak)
+
+        benchmark.group = f"remote-window-{ds.name}"
+        with MemorySampler() as memory:
+            benchmark.pedantic(epoch, **ROUNDS)
+    assert result.samples == ds.count
+    assert peak <= limit, (peak, limit)
+    benchmark.extra_info.update(extra_info(result, ds.sample_bytes, None, memory))
+    benchmark.extra_info.update({"shuffle_window": window, "cache_limit_mb": limit / 2**20,
+                                 "peak_cache_mb": peak / 2**20})

@@ -151,7 +151,7 @@ class PyBatchReader {
   }
 
   // params: [len(indices), num_params] int64, or None without transform parameters.
-  void submit(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices,
+  bool submit(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices,
               const std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& params) {
     std::vector<uint64_t> copy(indices.data(), indices.data() + indices.size());
     std::vector<int64_t> values;
@@ -166,7 +166,7 @@ class PyBatchReader {
     BatchReader& r = reader();
     const ConsumerGuard guard(busy_, "submit");
     const GilRelease release;
-    r.submit(std::move(copy), std::move(values));
+    return r.submit(std::move(copy), std::move(values));
   }
 
   CompletedBatch wait() {

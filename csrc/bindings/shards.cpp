@@ -128,6 +128,14 @@ void register_shards(py::module_& m) {
           py::arg("index"), py::arg("path"),
           "Open and validate ``path`` as shard ``index`` (once; a second attach keeps the first).")
       .def("attached", &ShardSet::attached, py::arg("index"), "Return whether shard ``index`` is attached.")
+      .def(
+          "detach",
+          [](ShardSet& self, size_t index) {
+            const GilRelease release;
+            return self.detach(index);
+          },
+          py::arg("index"),
+          "Close shard ``index`` (a lazy set's) unless a batch in flight reads it; return whether it is closed.")
       .def("__len__", &ShardSet::size)
       .def_property_readonly("total_records", &ShardSet::total_records);
 

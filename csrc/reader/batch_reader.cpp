@@ -25,8 +25,52 @@ uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
 // Workers claim chunks of a job with an atomic counter, not under the shared
 // lock; the lock is taken to pick the next job, to store an error, and by the
 // worker that finishes a job's last chunk (to wake the consumer).
+namespace {
+
+// The shards a batch of a lazy ShardSet reads, pinned from submit() until the
+// batch is delivered or dropped, so that no shard is detached under its reads.
+class ShardPins {
+ public:
+  ShardPins() = default;
+  ShardPins(std::shared_ptr<const ShardSet> set, std::vector<size_t> shards)
+      : set_(std::move(set)), shards_(std::move(shards)) {}
+  ShardPins(const ShardPins&) = delete;
+  ShardPins& operator=(const ShardPins&) = delete;
+  ShardPins& operator=(ShardPins&& other) noexcept {
+    release();
+    set_ = std::move(other.set_);
+    shards_ = std::move(other.shards_);
+    return *this;
+  }
+  ~ShardPins() { release(); }
+  void release() noexcept {
+    if (set_) set_->unpin(shards_);
+    set_.reset();
+  }
+
+ private:
+  std::shared_ptr<const ShardSet> set_;
+  std::vector<size_t> shards_;
+};
+
+// The distinct shards `indices` read (each index already checked in range).
+std::vector<size_t> shards_of(const ShardSet& shards, const std::vector<uint64_t>& indices) {
+  std::vector<size_t> out;
+  out.reserve(8);
+  for (uint64_t index : indices) {
+    const size_t shard = shards.locate(index).first;
+    if (out.empty() || out.back() != shard) out.push_back(shard);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
 struct BatchReader::Job {
   std::vector<uint64_t> indices;
+  ShardPins pins;               // a lazy set's shards this batch reads
   std::vector<int64_t> params;  // num_params per sample, with transforms
   std::shared_ptr<Slot> slot;
   size_t num_chunks = 0;
@@ -187,7 +231,7 @@ void BatchReader::add_split_slot(const std::vector<std::pair<uint8_t*, size_t>>&
   pool_->add_split(std::move(data), std::move(owner), reusable);
 }
 
-void BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> params) {
+bool BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> params) {
   const size_t per_sample = transforms_ ? transforms_->num_params() : 0;
   if (params.size() != indices.size() * per_sample) {
     throw FastloadError("submit: " + std::to_string(params.size()) + " transform parameters for " +
@@ -206,6 +250,11 @@ void BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> par
     }
   }
   auto job = std::make_shared<Job>();
+  if (shards_->lazy()) {  // every shard the batch reads stays attached until it is delivered
+    std::vector<size_t> read = shards_of(*shards_, indices);
+    if (!shards_->pin(read)) return false;
+    job->pins = ShardPins(shards_, std::move(read));
+  }
   job->indices = std::move(indices);
   job->params = std::move(params);
   job->num_chunks = (job->indices.size() + chunk_size_ - 1) / chunk_size_;
@@ -224,6 +273,7 @@ void BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> par
     const size_t wake = std::min(job->num_chunks, idle_workers_);
     for (size_t i = 0; i < wake; ++i) work_cv_.notify_one();
   }
+  return true;
 }
 
 std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds timeout) {
@@ -240,6 +290,7 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
   std::shared_ptr<Job> job = std::move(inflight_.front());
   inflight_.pop_front();
   lock.unlock();
+  job->pins.release();  // every chunk is done: its shards may be detached from now on
   if (job->error) {
     // Every chunk is done: no worker touches the slot. It goes back to the
     // pool here, on the consumer's thread, not on whichever worker drops the

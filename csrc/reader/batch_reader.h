@@ -116,10 +116,13 @@ class BatchReader {
   void add_split_slot(const std::vector<std::pair<uint8_t*, size_t>>& buffers, std::shared_ptr<void> owner,
                       bool reusable);
 
-  // Queues one batch. Throws FastloadError when closed, when there are more
-  // indices than the capacity, when no slot is free (add one first), or when
-  // params does not hold the pipeline's num_params() per sample (row-major).
-  void submit(std::vector<uint64_t> indices, std::vector<int64_t> params = {});
+  // Queues one batch and returns true. Over a lazy ShardSet it pins the
+  // shards the batch reads until the batch is delivered (or dropped), and
+  // returns false, queuing nothing, when one of them is not attached. Throws
+  // FastloadError when closed, when there are more indices than the capacity,
+  // when no slot is free (add one first), or when params does not hold the
+  // pipeline's num_params() per sample (row-major).
+  bool submit(std::vector<uint64_t> indices, std::vector<int64_t> params = {});
 
   // The oldest submitted batch once complete; nullopt when `timeout` passes
   // first. Rethrows that batch's error. Throws FastloadError if nothing is

@@ -75,7 +75,8 @@ ShardSet::ShardSet(const std::vector<std::string>& paths, const std::vector<uint
   }
 }
 
-ShardSet::ShardSet(const std::vector<uint64_t>& counts) : files_(counts.size()), owned_(counts.size()) {
+ShardSet::ShardSet(const std::vector<uint64_t>& counts)
+    : files_(counts.size()), owned_(counts.size()), pins_(counts.size(), 0), lazy_(true) {
   set_counts(counts);
   for (auto& file : files_) file.store(nullptr, std::memory_order_relaxed);
 }
@@ -114,6 +115,40 @@ void ShardSet::attach(size_t i, const std::string& path) {
   if (owned_[i] != nullptr) return;  // attached meanwhile by another thread: keep the first
   owned_[i] = std::move(file);
   files_[i].store(owned_[i].get(), std::memory_order_release);
+}
+
+bool ShardSet::pin(const std::vector<size_t>& shards) const {
+  if (!lazy_) return true;
+  const std::lock_guard<std::mutex> lock(attach_mutex_);
+  for (size_t i : shards) {
+    if (i >= files_.size() || owned_[i] == nullptr) return false;
+  }
+  for (size_t i : shards) ++pins_[i];
+  return true;
+}
+
+void ShardSet::unpin(const std::vector<size_t>& shards) const noexcept {
+  if (!lazy_) return;
+  const std::lock_guard<std::mutex> lock(attach_mutex_);
+  for (size_t i : shards) {
+    if (i < pins_.size() && pins_[i] > 0) --pins_[i];
+  }
+}
+
+bool ShardSet::detach(size_t i) {
+  if (i >= files_.size()) {
+    throw FastloadError("ShardSet.detach: shard " + std::to_string(i) + " out of range for " +
+                        std::to_string(files_.size()) + " shards");
+  }
+  if (!lazy_) throw FastloadError("ShardSet.detach: an eager set's shards stay attached");
+  std::unique_ptr<ShardFile> closed;  // unmapped after the lock is released
+  {
+    const std::lock_guard<std::mutex> lock(attach_mutex_);
+    if (pins_[i] > 0) return false;
+    files_[i].store(nullptr, std::memory_order_release);
+    closed = std::move(owned_[i]);
+  }
+  return true;
 }
 
 std::pair<size_t, uint64_t> ShardSet::locate(uint64_t global_index) const {

@@ -25,10 +25,16 @@
 // shard not attached yet is a FastloadError, never a crash; the Python side
 // submits a batch only after attaching every shard it reads.
 //
+// A lazy set's shard may also be detached again (a bounded cache evicting it):
+// pin() keeps shards attached while batches that read them are in flight (the
+// BatchReader pins a batch's shards when it is submitted and unpins them when
+// it is delivered or dropped), and detach() closes a shard only when no pin
+// holds it. So a shard is never unmapped under a read.
+//
 // Thread safety: a ShardFile is immutable after construction. A ShardSet may
-// be shared by any number of threads; attach() may run on any thread while
-// others read: it publishes a shard once (release/acquire), and a shard once
-// attached stays until the set is destroyed.
+// be shared by any number of threads; attach(), detach(), pin() and unpin()
+// may run on any thread while others read: attach publishes a shard
+// (release/acquire); pin, detach and attach exclude each other by a mutex.
 // Errors: ShardNotFoundError, CorruptShardError (construction, attach),
 // CorruptRecordError (a key past the shard's count).
 #pragma once
@@ -113,6 +119,17 @@ class ShardSet {
   bool attached(size_t i) const noexcept {
     return i < files_.size() && files_[i].load(std::memory_order_acquire) != nullptr;
   }
+  bool lazy() const noexcept { return lazy_; }
+
+  // Lazy sets: pins every shard of `shards` (an index may repeat) when all are
+  // attached and returns true; else pins nothing and returns false.
+  bool pin(const std::vector<size_t>& shards) const;
+  // Releases one pin() of the same shards.
+  void unpin(const std::vector<size_t>& shards) const noexcept;
+  // Lazy sets: closes shard i (unmaps its file) and returns true when no pin
+  // holds it (also when it was not attached); false when pinned. Throws
+  // FastloadError for an index out of range or an eager set.
+  bool detach(size_t i);
 
   // Maps a global sample index to (shard, key within shard). Throws
   // FastloadError when the index is out of range.
@@ -128,7 +145,9 @@ class ShardSet {
 
   std::vector<std::atomic<const ShardFile*>> files_;  // null until attached; owned by owned_
   std::vector<std::unique_ptr<ShardFile>> owned_;     // written under attach_mutex_ only
-  std::mutex attach_mutex_;
+  mutable std::vector<uint32_t> pins_;                // per shard; guarded by attach_mutex_
+  mutable std::mutex attach_mutex_;
+  bool lazy_ = false;
   std::vector<uint64_t> offsets_;  // offsets_[i] = first global index of shard i
 };
 

@@ -14,6 +14,7 @@
 // Usage: shard_tests DIR, where DIR holds dataset/, order.txt, codecs/ and
 // codecs-photo.bin.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -191,6 +192,63 @@ void test_lazy_attach(const fs::path& dataset) {
     out_of_range = true;
   }
   CHECK(out_of_range);
+}
+
+// A lazy set's shard is detached (closed) only when no batch in flight reads
+// it: a submitted batch pins its shards until it is delivered; a batch over a
+// detached shard is not queued (submit returns false) and reads again once the
+// shard is attached again. Readers racing detach/attach never crash.
+void test_detach_pinned(const fs::path& dataset) {
+  const auto paths = shard_paths(dataset);
+  auto lazy = std::make_shared<ShardSet>(shard_counts());
+  CHECK(lazy->lazy() && !ShardSet(paths, shard_counts()).lazy());
+  for (size_t i = 0; i < paths.size(); ++i) lazy->attach(i, paths[i]);
+  ReaderOptions options;
+  options.batch_capacity = 4;
+  options.num_threads = 2;
+  options.shard_fingerprints = written_fingerprints(ShardSet(paths, shard_counts()));
+  BatchReader reader(lazy, kFields, options);
+  std::vector<uint8_t> memory(reader.slot_bytes() * 2);
+  reader.pool()->add(memory.data(), reader.slot_bytes(), nullptr);
+  reader.pool()->add(memory.data() + reader.slot_bytes(), reader.slot_bytes(), nullptr);
+  reader.set_read_delay_for_tests(20000);  // the batch stays in flight while detach is tried
+  CHECK(reader.submit({0, 1, kPerShard, kPerShard + 1}));
+  CHECK(!lazy->detach(0) && !lazy->detach(1) && lazy->attached(0));  // pinned by the batch in flight
+  CHECK(lazy->detach(2) && !lazy->attached(2));                      // read by no batch
+  CHECK(!reader.submit({2 * kPerShard}));                            // its shard is detached: not queued
+  reader.set_read_delay_for_tests(0);
+  CHECK(reader.wait_next(std::chrono::milliseconds(60000)).has_value());
+  CHECK(lazy->detach(0) && !lazy->attached(0));  // delivered: unpinned
+  lazy->attach(0, paths[0]);
+  lazy->attach(2, paths[2]);
+  CHECK(reader.submit({2 * kPerShard, 0}));
+  CHECK(reader.wait_next(std::chrono::milliseconds(60000)).has_value());
+  bool eager_refused = false;
+  try {
+    ShardSet(paths, shard_counts()).detach(0);
+  } catch (const FastloadError&) {
+    eager_refused = true;
+  }
+  CHECK(eager_refused);
+  // Detach and attach again while batches over every shard come and go.
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    while (!stop.load()) {
+      for (size_t i = 0; i < paths.size(); ++i) {
+        if (lazy->detach(i)) lazy->attach(i, paths[i]);
+      }
+    }
+  });
+  size_t delivered = 0;
+  for (int round = 0; round < 300; ++round) {
+    const uint64_t a = static_cast<uint64_t>(round) % kSamples;
+    if (reader.submit({a, (a + kPerShard) % kSamples, (a + 2 * kPerShard) % kSamples})) {
+      delivered += reader.wait_next(std::chrono::milliseconds(60000)).has_value() ? 1 : 0;
+    }
+  }
+  stop.store(true);
+  churn.join();
+  CHECK(delivered > 0);
 }
 
 // Format v3: shards 0 and 1 swapped (same record count, every record valid)
@@ -634,6 +692,7 @@ int main(int argc, char** argv) {
     test_pool_carried_over(dataset);
     test_swapped_shards_refused(dataset);
     test_lazy_attach(dataset);
+    test_detach_pinned(dataset);
     test_damaged_copies(dataset, scratch);
 #ifndef _WIN32
     test_shrunk_while_mapped(dataset, scratch);

@@ -16,13 +16,15 @@ import numpy as np
 import torch
 
 from .._extension import require as native_core
-from ..errors import ArgumentError, DatasetError
+from ..errors import ArgumentError, DatasetError, RemoteError
 from ..format._manifest import Manifest, load_manifest
 from ..format._record import Field, max_sample_bytes
 from ..format._shard_files import check_shard_files
 from ..format._splits import resolve_dataset_path
 from ..storage import CachedDataset, RemoteSpec, is_remote, open_remote, reopen_cached
 from ._subset import ShardSubset
+
+_HOLD_ATTEMPTS = 20  # a windowed shard evicted between its fetch and its hold this often: an error
 
 
 def empty_batch(count: int, field: Field, shared: bool) -> torch.Tensor:
@@ -158,13 +160,30 @@ class ShardDataset(torch.utils.data.Dataset):
         env = self._envs.get(shard)
         if env is None:
             if self._cached is not None:  # remote: fetched first when it is not in the cache yet
-                self._cached.fetcher.ensure(shard)
+                self._fetch(shard)
             info = self.manifest.shards[shard]
             fields = [f.native_spec for f in self.manifest.fields]
             env = self._envs[shard] = native_core().ShardRecords(
                 str(self.path / info.file), info.count, fields, self.verify_checksums,
                 self.manifest.format_version, self._fingerprints[shard], max_sample_bytes())
         return env
+
+    def _fetch(self, shard: int) -> None:
+        """Have a remote shard in the cache; of a windowed version, held (and the one shard this dataset holds)."""
+        assert self._cached is not None
+        fetcher = self._cached.fetcher
+        if not fetcher.windowed:
+            fetcher.ensure(shard)
+            return
+        self.close()  # a window of shards at a time: this dataset holds one (read_batch goes shard by shard)
+        for _ in range(_HOLD_ATTEMPTS):
+            fetcher.ensure(shard)
+            hold = fetcher.hold(shard)  # None: evicted by another process between the two
+            if hold is not None:
+                self.__dict__.setdefault("_holds", {})[shard] = hold
+                return
+        raise RemoteError(f"{self.url}/{self.manifest.shards[shard].file}: evicted {_HOLD_ATTEMPTS} times before it "
+                          "could be read; the cache is too small for the processes sharing it (raise cache_limit)")
 
     def read_arrays(self, index: int) -> list[np.ndarray]:
         """Return the selected fields of sample ``index`` as numpy arrays, in schema order."""
@@ -220,11 +239,13 @@ class ShardDataset(torch.utils.data.Dataset):
         chosen = {f.name for f in dataset.fields}
         dataset._wanted = [f.name in chosen for f in self.manifest.fields]
         dataset._envs = {}
+        dataset.__dict__.pop("_holds", None)
         return dataset
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_envs"] = {}
+        state.pop("_holds", None)
         state["_cached"] = None  # a lock of this process; the receiver takes its own
         return state
 
@@ -243,6 +264,8 @@ class ShardDataset(torch.utils.data.Dataset):
     def close(self) -> None:
         """Unmap the shards this process opened (they open again on the next read)."""
         self._envs = {}
+        for hold in self.__dict__.pop("_holds", {}).values():  # the shards are unmapped: eviction may take them
+            hold.release()
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{f.dtype}{list(f.shape)}" for f in self.fields)

@@ -22,7 +22,7 @@ from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
 from ._native_backend import NativeEpoch, NativeSettings, SlotPoolKeeper, open_shards
 from ._native_groups import GroupedNativeEpoch, open_groups
 from ._plan import BatchIndices, EpochPlan
-from ._remote_shards import RemoteShardSet, fetch_ahead, shards_missing
+from ._remote_shards import RemoteShardSet, check_cache_fits, fetch_ahead, shards_missing
 from ._sampler import EpochBatchSampler, EpochSampler
 from ._sampling_setup import WithSource, dataset_fingerprint
 from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec
@@ -160,6 +160,8 @@ class ShardLoader:
         self.device, self.pin_memory = placement.device, placement.pin_memory
         self.num_threads, self.prefetch, self.backend = reading.num_threads, reading.prefetch, reading.backend
         check_dataset_class(self.dataset, self.backend)
+        check_cache_fits(self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset],
+                         self.shuffle, self._sampling, self.backend)
         self.augment = Augment(self.dataset, transforms, layout, batch_transform, output, seed)
         self.verify_checksums = verify_checksums
         self._epoch = 0

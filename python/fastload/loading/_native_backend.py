@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .. import _extension
-from ..errors import FastloadError
+from ..errors import FastloadError, RemoteError
 from ..format._record import max_sample_bytes, schema_fingerprint
 from ._augment import Augment
 from ._dataset import ShardDataset
@@ -35,6 +35,7 @@ NATIVE_IMPORT_ERROR: ImportError | None = _extension.IMPORT_ERROR
 
 
 FIRST_WINDOW = 2  # batches submitted before the first one is delivered
+_SUBMIT_ATTEMPTS = 20  # a batch whose shards a bounded cache evicts this often between gate and submit: an error
 
 
 @dataclass(frozen=True)
@@ -202,16 +203,25 @@ class NativeEpoch:
         window = self._settings.prefetch if self._delivered else min(self._settings.prefetch, FIRST_WINDOW)
         while self._next_submit < self._num_batches and self._next_submit - self._delivered < window:
             indices = self._batch_indices(self._next_submit)
-            if self._gate is not None and not self._gate.ready(indices):
-                if self._next_submit > self._delivered:
-                    break  # its shards are downloading: deliver the batches in flight meanwhile
-                self._gate.wait(indices)
+            if self._gate is not None:
+                self._gate.at(self._next_submit)
+                if not self._gate.ready(indices):
+                    if self._next_submit > self._delivered:
+                        break  # its shards are downloading: deliver the batches in flight meanwhile
+                    self._gate.wait(indices)
             if self._allocator is not None:
                 self._buffers.append(self._new_buffers())
             elif reader.free_slots == 0:
                 reader.add_slot(np.empty(reader.slot_bytes, dtype=np.uint8))
             params = self._augment.params(self._epoch, indices)
-            reader.submit(indices, params)
+            for _ in range(_SUBMIT_ATTEMPTS):
+                if reader.submit(indices, params):
+                    break
+                assert self._gate is not None  # only a lazy set refuses: a shard was evicted since the gate
+                self._gate.wait(indices)
+            else:
+                raise RemoteError(f"batch {self._next_submit}: its shards were evicted {_SUBMIT_ATTEMPTS} times "
+                                  "before it could be read; raise cache_limit")
             self._next_submit += 1
 
     def _new_buffers(self) -> list[torch.Tensor]:

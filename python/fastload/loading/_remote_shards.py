@@ -11,6 +11,8 @@ and the C++ core's.
 from __future__ import annotations
 
 import functools
+import math
+import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from .._extension import require as native_core
+from ..errors import ArgumentError, RemoteError
+from ..storage import NeedPlan
 from ._dataset import ShardDataset
 
 
@@ -43,8 +47,12 @@ def shard_need_order(starts: np.ndarray, indices: np.ndarray) -> np.ndarray:
 
 
 def shards_missing(datasets: Sequence[ShardDataset]) -> bool:
-    """Return whether a remote dataset among ``datasets`` lacks shards in the cache (a pass then fetches ahead)."""
-    return any(is_remote_dataset(ds) and ds._cached.fetcher.missing() > 0  # type: ignore[union-attr]
+    """Return whether a remote dataset among ``datasets`` lacks shards in the cache, or is windowed.
+
+    A pass then fetches ahead (a windowed dataset's by the pass's plan).
+    """
+    return any(is_remote_dataset(ds) and (ds._cached.fetcher.windowed  # type: ignore[union-attr]
+                                          or ds._cached.fetcher.missing() > 0)  # type: ignore[union-attr]
                for ds in datasets)
 
 
@@ -69,12 +77,57 @@ def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray, batch_siz
         offset += count
 
 
+def check_cache_fits(datasets: Sequence[ShardDataset], shuffle: bool, sampling: Any, backend: str) -> None:
+    """Refuse, at construction, an order whose working set cannot fit the room of a windowed remote dataset.
+
+    A windowed dataset (larger than the room ``cache_limit`` leaves it) holds a window of shards at a
+    time: ``shuffle_window=K`` needs room for ``2 K`` shards (a window read while the next one
+    downloads), ``shuffle=False`` for 2; a global shuffle, weights, ``indices=`` or a mixture read
+    every shard all epoch long and need the whole dataset. The native backend only: the torch
+    backend's DataLoader workers read without the epoch's plan.
+    """
+    for ds in datasets:
+        window = ds._cached.window if is_remote_dataset(ds) else None  # type: ignore[union-attr]
+        if window is None:
+            continue
+        full = sum(s.bytes for s in ds.manifest.shards)
+        largest = max(s.bytes for s in ds.manifest.shards)
+        fits = window // (2 * largest)
+        short = (f"{ds.url}: its {full} bytes of shards do not fit the {window} bytes cache_limit leaves it, so it is "
+                 f"read a window of shards at a time")
+        if backend != "native":
+            raise ArgumentError(f"{short}, which backend='native' does (backend={backend!r} reads a dataset in "
+                                "object storage only when it fits the cache whole); raise cache_limit or use "
+                                "backend='native'")
+        if sampling.mode == "shard_window":
+            if 2 * sampling.window * largest > window:
+                raise ArgumentError(f"{short}: shuffle_window={sampling.window} needs room for "
+                                    f"{2 * sampling.window} shards of up to {largest} bytes (a window read while the "
+                                    f"next one downloads); "
+                                    + (f"shuffle_window={fits} fits, or raise cache_limit" if fits else
+                                       "raise cache_limit"))
+        elif sampling.mode != "plain" or shuffle:
+            what = "shuffle=True" if sampling.mode == "plain" else f"{sampling.mode} sampling"
+            hint = (f"shuffle=True, shuffle_window={fits} (a shard-aware shuffle, docs/sampling.md) fits" if fits else
+                    "no shuffle_window fits either")
+            raise ArgumentError(f"{short}: {what} reads every shard all epoch long and needs the whole dataset in "
+                                f"the cache; {hint}, or raise cache_limit to {full} bytes at least")
+        elif 2 * largest > window:
+            raise ArgumentError(f"{short}: reading it in order needs room for 2 shards of up to {largest} bytes; "
+                                "raise cache_limit")
+
+
 class RemoteShardSet:
     """A native shard set over datasets some of which are remote: shards attached as their downloads complete.
 
     ``native`` is the lazy ``_native.ShardSet`` the reader reads; local datasets' shards are attached
     at once (opened and validated now, as an eager set would), remote ones by their fetcher's
     download threads. ``ready``/``wait`` gate a batch's submission on its shards.
+
+    A windowed remote dataset (larger than its room in the cache, ``storage/_window.py``): each
+    shard is attached under a hold (its readers lock) and detached again when its fetcher makes
+    room, unless a batch in flight reads it (the native set refuses then); ``at`` tells the
+    fetchers which batch comes next, so they evict what the epoch needs latest.
     """
 
     def __init__(self, datasets: Sequence[ShardDataset]) -> None:
@@ -83,6 +136,8 @@ class RemoteShardSet:
         self.native = native_core().ShardSet.lazy([int(c) for c in np.diff(self.starts)])
         self._parts: list[tuple[int, Any]] = []  # per shard: (index in its dataset, its fetcher or None)
         self._all_attached = False
+        self._holds: dict[int, Any] = {}  # windowed shards attached: their readers locks
+        self._attaching = threading.Lock()  # attach (with its hold) and detach (with its release) one at a time
         first = 0
         me = weakref.ref(self)
         for ds in self.datasets:
@@ -90,15 +145,49 @@ class RemoteShardSet:
                 fetcher = ds._cached.fetcher  # type: ignore[union-attr]
                 self._parts += [(i, fetcher) for i in range(len(ds.manifest.shards))]
                 fetcher.on_fetched(functools.partial(_attach, me, first))
+                fetcher.on_release(functools.partial(_release, me, first))
             else:
                 for i, shard in enumerate(ds.manifest.shards):
                     self.native.attach(first + i, str(ds.path / shard.file))
                     self._parts.append((i, None))
             first += len(ds.manifest.shards)
+        self._fetchers = list({id(f): f for _, f in self._parts if f is not None}.values())
 
     def want(self, indices: np.ndarray, batch_size: int) -> None:
-        """Fetch the shards ``indices`` read, in the order of first need (the rank's epoch, in batches)."""
+        """Fetch the shards ``indices`` read, in the order of first need (the rank's epoch, in batches).
+
+        A windowed dataset's fetcher also gets the plan (which batch reads which shard) it evicts by;
+        a batch whose shards alone do not fit its window is a RemoteError now, before the pass.
+        """
+        shard_of = np.searchsorted(self.starts, np.asarray(indices, dtype=np.int64), side="right") - 1
+        offset = 0
+        for ds in self.datasets:
+            count = len(ds.manifest.shards)
+            if is_remote_dataset(ds) and ds._cached.fetcher.windowed:  # type: ignore[union-attr]
+                local = np.where((shard_of >= offset) & (shard_of < offset + count), shard_of - offset, -1)
+                plan = NeedPlan(local, batch_size, count)
+                check_batches_fit(ds, plan)
+                ds._cached.fetcher.plan(plan)  # type: ignore[union-attr]
+            offset += count
         fetch_ahead(self.datasets, indices, batch_size)
+
+    def at(self, position: int) -> None:
+        """Say batch ``position`` of the pass is submitted next (windowed datasets evict what comes later).
+
+        Shards of windowed datasets that no batch from here on reads are let go of now (detached once
+        no batch in flight reads them): a process holds only what it still needs, so processes sharing
+        the cache never wait on each other's finished shards.
+        """
+        for fetcher in self._fetchers:
+            fetcher.at(position)
+        released = False
+        for s in list(self._holds):
+            local, fetcher = self._parts[s]
+            if fetcher.next_need(local) == math.inf:
+                released = self.release(s) or released
+        if released:  # downloads waiting for room try again now
+            for fetcher in self._fetchers:
+                fetcher.wake()
 
     def _missing(self, indices: np.ndarray) -> list[int]:
         if self._all_attached:
@@ -114,9 +203,8 @@ class RemoteShardSet:
         ready = True
         for s in self._missing(indices):
             local, fetcher = self._parts[s]
-            if fetcher.ready([local]):  # whole, its listener not run for this set: attach it here
-                self.native.attach(s, str(fetcher.path(local)))
-            else:  # (ready raises the download's error, if it failed)
+            # whole, its listener not run for this set (or it was detached since): attach it here
+            if not (fetcher.ready([local]) and self.attach(s)):  # (ready raises the download's error)
                 ready = False
         return ready
 
@@ -124,12 +212,77 @@ class RemoteShardSet:
         """Return once every shard ``indices`` read is attached, fetching it first; raise a download's error."""
         for s in self._missing(indices):
             local, fetcher = self._parts[s]
-            path = fetcher.ensure(local)
-            self.native.attach(s, str(path))  # once: a no-op when its download thread attached it already
+            for _ in range(_ATTACH_ATTEMPTS):
+                fetcher.ensure(local)
+                if self.attach(s):  # False: evicted between the two (another process made room)
+                    break
+            else:
+                raise RemoteError(f"{fetcher.path(local)}: evicted {_ATTACH_ATTEMPTS} times before it could be "
+                                  "read; the cache is too small for the processes sharing it (raise cache_limit)")
+
+    def attach(self, s: int) -> bool:
+        """Attach shard ``s`` if its file is whole (held first, when windowed); return whether it is attached."""
+        if self.native.attached(s):
+            return True
+        local, fetcher = self._parts[s]
+        with self._attaching:
+            if self.native.attached(s):
+                return True
+            if fetcher.windowed:
+                hold = fetcher.hold(local)
+                if hold is None:  # evicted meanwhile
+                    return False
+                old = self._holds.pop(s, None)
+                self._holds[s] = hold
+                if old is not None:
+                    old.release()
+            self.native.attach(s, str(fetcher.path(local)))
+        return True
+
+    def release(self, s: int) -> bool:
+        """Detach shard ``s`` and drop its hold, unless a batch in flight reads it (False)."""
+        with self._attaching:
+            if not self.native.detach(s):
+                return False
+            self._all_attached = False
+            hold = self._holds.pop(s, None)
+        if hold is not None:
+            hold.release()
+        return True
+
+
+_ATTACH_ATTEMPTS = 20
+
+
+def check_batches_fit(dataset: ShardDataset, plan: NeedPlan) -> None:
+    """Raise RemoteError when one batch of ``plan`` reads more bytes of shards than the windowed dataset's room."""
+    window = dataset._cached.window  # type: ignore[union-attr]
+    if window is None:
+        return
+    sizes = np.array([s.bytes for s in dataset.manifest.shards], dtype=np.int64)
+    shards, batches = plan.pairs()
+    if len(batches) == 0:
+        return
+    per_batch = np.bincount(batches, weights=sizes[shards].astype(np.float64))
+    worst = int(np.argmax(per_batch))
+    if per_batch[worst] > window:
+        raise RemoteError(f"{dataset.url}: batch {worst} of this pass reads {int(per_batch[worst])} bytes of shards, "
+                          f"more than the {window} bytes cache_limit leaves this dataset; raise cache_limit, or read "
+                          "with shuffle_window= (fewer shards per batch)")
 
 
 def _attach(owner: weakref.ref[RemoteShardSet], first: int, index: int, path: Path) -> None:
-    """Attach shard ``index`` of a dataset whose shards start at ``first`` (nothing once the set is gone)."""
+    """Attach shard ``index`` of a dataset whose shards start at ``first`` (nothing once the set is gone).
+
+    A windowed dataset's shard is attached (and held) only when a batch about to be submitted reads
+    it (``ready``/``wait``): a shard fetched ahead stays free for other processes to evict meanwhile.
+    """
     shard_set = owner()
-    if shard_set is not None:
-        shard_set.native.attach(first + index, str(path))
+    if shard_set is not None and not shard_set._parts[first + index][1].windowed:
+        shard_set.attach(first + index)
+
+
+def _release(owner: weakref.ref[RemoteShardSet], first: int, index: int) -> bool:
+    """Let go of shard ``index`` of a dataset whose shards start at ``first`` (True once the set is gone)."""
+    shard_set = owner()
+    return True if shard_set is None else shard_set.release(first + index)

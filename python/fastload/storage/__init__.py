@@ -6,5 +6,7 @@ the cached copy as a local dataset). Needs the optional extra ``fastload[remote]
 
 from ._remote import CachedDataset, RemoteSpec, open_remote, remote_splits, reopen_cached
 from ._urls import is_remote, redact
+from ._window import NeedPlan
 
-__all__ = ["CachedDataset", "RemoteSpec", "is_remote", "open_remote", "redact", "remote_splits", "reopen_cached"]
+__all__ = ["CachedDataset", "NeedPlan", "RemoteSpec", "is_remote", "open_remote", "redact", "remote_splits",
+           "reopen_cached"]

@@ -20,6 +20,15 @@ shard being read is never deleted or replaced under a reader.
 Accounting: a version counts toward ``cache_limit`` at the size of all its shards from the moment its
 manifest is placed (room is made for the whole version when it is opened), whether its shards are
 downloaded yet or not, so versions filled lazily by several processes never overrun the bound.
+
+Windows of a version: a version larger than the room ``cache_limit`` leaves it (after evicting the
+versions nobody reads) is opened *windowed*: it may hold ``<version dir>/.window`` bytes (the room
+there was), and counts at that. Its shards then come and go: before a shard is downloaded, room is
+made for it under the cache lock (``storage/_window.py``: shards of the version that no process
+holds, the one needed latest first), and its ``.part`` file is created at its full size (sparse), so
+downloads in flight count at their full size in every process's sum. A process reading a shard of a
+windowed version holds a shared lock on ``<version dir>/.<shard file>.readers`` (``hold_shard``);
+eviction deletes a shard only when it takes that lock exclusively.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import xxhash
@@ -47,6 +57,7 @@ CACHE_DIR_ENV = "FASTLOAD_CACHE_DIR"
 _ATTEMPTS = itertools.count()  # makes every download's temporary name unique within the process
 CACHE_LOCK_NAME = ".fastload-cache.lock"
 READERS_LOCK_NAME = ".readers.lock"
+WINDOW_NAME = ".window"  # in a windowed version: the bytes it may hold
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -123,21 +134,57 @@ def hold_for_reading(version: Path) -> FileLock:
     return FileLock(version / READERS_LOCK_NAME, exclusive=False)
 
 
+def hold_shard(version: Path, file: str, size: int) -> FileLock | None:
+    """Hold shard ``file`` of a windowed version against eviction: the lock, or None when it is not whole there.
+
+    The caller keeps the lock for as long as it reads the shard (mapped, attached) and releases it after.
+    """
+    try:
+        lock = FileLock(version / f".{file}.readers", exclusive=False)
+    except OSError as err:
+        raise CacheDiskError(f"cache file {version / f'.{file}.readers'}: {err.strerror or err}") from None
+    if is_whole(version / file, size):
+        return lock
+    lock.release()
+    return None
+
+
+def window_bytes(version: Path) -> int | None:
+    """Return the bytes a windowed version may hold, or None when it has room for all its shards."""
+    try:
+        return int((version / WINDOW_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _set_window(version: Path, window: int | None) -> None:
+    if window is None:
+        (version / WINDOW_NAME).unlink(missing_ok=True)
+        return
+    part = version / f"{WINDOW_NAME}.part-{os.getpid()}"
+    part.write_text(str(window))
+    os.replace(part, version / WINDOW_NAME)
+
+
 def committed_bytes(cache_dir: Path) -> int:
-    """Return the bytes the cache holds or has promised: each version at least at its shards' full size."""
+    """Return the bytes the cache holds or has promised: each version at least at the size it may grow to."""
     versions = cached_versions(cache_dir)
-    total = _tree_bytes(cache_dir) - sum(_tree_bytes(v) for v in versions)  # what lies outside versions
+    sizes = {v: _tree_bytes(v) for v in versions}
+    total = _tree_bytes(cache_dir) - sum(sizes.values())  # what lies outside versions
     for version in versions:
-        total += max(_tree_bytes(version), _full_size(version))
+        total += max(sizes[version], _promised(version))
     return total
 
 
+def _promised(version: Path) -> int:
+    """Return the bytes a version may grow to: its shards' full size, or its window."""
+    window = window_bytes(version)
+    full = _full_size(version)
+    return full if window is None else min(full, window)
+
+
 def _full_size(version: Path) -> int:
-    try:
-        doc = json.loads((version / "manifest.json").read_bytes())
-        return sum(int(s["bytes"]) for s in doc["shards"])
-    except (OSError, ValueError, KeyError, TypeError):  # damaged: it counts at what it holds
-        return 0
+    return sum(_shard_sizes(version))  # a damaged manifest: 0, it counts at what it holds
 
 
 def _tree_bytes(directory: Path) -> int:
@@ -151,28 +198,29 @@ def _tree_bytes(directory: Path) -> int:
     return total
 
 
-def make_room(cache_dir: Path, needed: int, limit: int | None, keep: Path) -> None:
-    """Evict cached versions nobody reads, least recently used first, until ``needed`` more bytes fit ``limit``.
+def make_room(cache_dir: Path, keep: Path, limit: int | None) -> int | None:
+    """Make room for version ``keep`` within ``limit``; return its window, or None when all its shards fit.
 
-    Call with the cache lock held. ``keep`` (the version being filled) is never evicted, and counts
-    at what it holds now (``needed`` is what it still lacks). Raise RemoteError when the versions in
-    use leave too little room.
+    Call with the cache lock held. Cached versions nobody reads are evicted, least recently used
+    first, until ``keep`` fits whole. When it cannot (the versions in use and ``limit`` leave too
+    little room), ``keep`` is windowed: it may hold the room there is (recorded in its ``.window``),
+    and its shards are evicted one by one as they are read (``storage/_window.py``). Raise
+    RemoteError when that room cannot hold its largest shard, and on Windows (where no shard can
+    be evicted under a reader's mapping) whenever the version does not fit whole.
     """
     if limit is None:
-        return
-    if needed > limit:
-        raise RemoteError(f"cache_limit={limit} bytes cannot hold the {needed} bytes of shards this dataset reads "
-                          f"(cache {cache_dir}); raise cache_limit or leave it unset")
-    def used_now() -> int:  # every other version at its full size: those being filled lazily get what they lack
-        return committed_bytes(cache_dir) - max(_tree_bytes(keep), _full_size(keep)) + _tree_bytes(keep)
+        _set_window(keep, None)
+        return None
+    full = _full_size(keep)
+    largest = max((int(s) for s in _shard_sizes(keep)), default=0)
 
-    used = used_now()
-    if used + needed <= limit:
-        return
-    versions = sorted(cached_versions(cache_dir), key=_last_used)
-    for version in versions:
-        if used + needed <= limit:
-            return
+    def others() -> int:  # every other version at what it may grow to
+        return committed_bytes(cache_dir) - max(_tree_bytes(keep), _promised(keep))
+
+    used = others()
+    for version in sorted(cached_versions(cache_dir), key=_last_used):
+        if used + full <= limit:
+            break
         if version == keep:
             continue
         lock = FileLock.try_exclusive(version / READERS_LOCK_NAME)
@@ -180,10 +228,30 @@ def make_room(cache_dir: Path, needed: int, limit: int | None, keep: Path) -> No
             continue
         with lock:
             shutil.rmtree(version, ignore_errors=True)
-        used = used_now()  # what is really gone (a file another system keeps open stays)
-    if used + needed > limit:
-        raise RemoteError(f"cache {cache_dir}: cache_limit={limit} bytes; {used} bytes are held by datasets in use "
-                          f"and {needed} more are needed")
+        used = others()  # what is really gone (a file another system keeps open stays)
+    if used + full <= limit:
+        _set_window(keep, None)
+        return None
+    room = limit - used
+    if room < largest or sys.platform == "win32":
+        held = f"; {used} bytes are held by datasets in use" if used else ""
+        raise RemoteError(f"cache {cache_dir}: cache_limit={limit} bytes{held}, which leaves {max(room, 0)} bytes "
+                          f"for this dataset's {full} bytes of shards"
+                          + (f" (its largest shard is {largest} bytes; "
+                             "a dataset larger than its room is read a window of shards at a time, "
+                             "which needs room for its largest shard at least)" if sys.platform != "win32" else
+                             " (on Windows a dataset must fit its cache whole)")
+                          + "; raise cache_limit or leave it unset")
+    _set_window(keep, room)
+    return room
+
+
+def _shard_sizes(version: Path) -> list[int]:
+    try:
+        doc = json.loads((version / "manifest.json").read_bytes())
+        return [int(s["bytes"]) for s in doc["shards"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 _VERSION_DIR = re.compile(r"[A-Za-z0-9._-]*-[0-9a-f]{16}")
@@ -222,13 +290,19 @@ def is_whole(path: Path, size: int) -> bool:
         return False
 
 
+class NoRoom(Exception):
+    """No room yet for a shard in its windowed version (never shown to users: the fetcher tries again)."""
+
+
 def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int = 3,
-                stop: threading.Event | None = None) -> Path:
+                stop: threading.Event | None = None, reserve: Callable[[Path], bool] | None = None) -> Path:
     """Return the cached shard, downloading it first when absent; its bytes always match the manifest.
 
     Call with the shard's lock held (``shard_lock``). A download that does not match (truncated, corrupt, the object
     replaced) or breaks off (a dropped connection after obstore's own retries) is fetched again,
     ``attempts`` times in all, then a RemoteError names the URL. A missing object is not retried.
+    ``reserve(part)`` (a windowed version's, ``storage/_window.py``) makes room and creates the
+    ``.part`` file at the shard's full size, or returns False (raised here as NoRoom).
     """
     dest = version / shard.file
     if is_whole(dest, shard.bytes):
@@ -236,30 +310,45 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
     dest.parent.mkdir(parents=True, exist_ok=True)
     for stale in dest.parent.glob(dest.name + ".part-*"):  # torn downloads of a process that ended
         stale.unlink(missing_ok=True)
-    problem = ""
-    for _ in range(attempts):
-        try:
-            problem = _download(root, shard, dest, stop)
-        except RemoteNotFoundError:
-            raise
-        except RemoteError as err:  # the transfer failed (not the cache's disk: that is CacheDiskError)
-            if isinstance(err, CacheDiskError):
-                raise
-            problem = str(err)
-            continue
-        if not problem:
-            return dest
-        problem += "; the object does not match its dataset's manifest"
-    raise RemoteError(f"{root.url_of(shard.file)}: {problem} (tried {attempts} times)")
-
-
-def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, stop: threading.Event | None) -> str:
-    """Download ``shard`` to ``dest`` (atomically); return '' when its size and hash match, else the problem."""
     part = dest.with_name(f"{dest.name}.part-{os.getpid()}-{threading.get_ident()}-{next(_ATTEMPTS)}")
+    try:
+        if reserve is not None:
+            if not reserve(part):
+                raise NoRoom(shard.file)
+        else:
+            part.touch()
+    except OSError as err:
+        raise CacheDiskError(f"cache file {part}: {err.strerror or err} "
+                             f"(downloading {root.url_of(shard.file)})") from None
+    try:
+        problem = ""
+        for _ in range(attempts):
+            try:
+                problem = _download(root, shard, dest, part, stop)
+            except RemoteNotFoundError:
+                raise
+            except RemoteError as err:  # the transfer failed (not the cache's disk: that is CacheDiskError)
+                if isinstance(err, CacheDiskError):
+                    raise
+                problem = str(err)
+                continue
+            if not problem:
+                return dest
+            problem += "; the object does not match its dataset's manifest"
+        raise RemoteError(f"{root.url_of(shard.file)}: {problem} (tried {attempts} times)")
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: threading.Event | None) -> str:
+    """Download ``shard`` into ``part`` (from its start) and rename it ``dest``; return '' or the problem.
+
+    The problem: its size or hash do not match the manifest's.
+    """
     digest = xxhash.xxh3_128()
     size = 0
     try:
-        with open(part, "wb") as f:
+        with open(part, "r+b") as f:
             for chunk in root.stream(shard.file):
                 size += len(chunk)
                 if size > shard.bytes:
@@ -268,6 +357,7 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, stop: threading.Ev
                     raise DownloadStopped(shard.file)
                 digest.update(chunk)
                 f.write(chunk)
+            f.truncate(size)  # a reservation at full size, or an earlier attempt's bytes, end here
             f.flush()
             os.fsync(f.fileno())
         if size != shard.bytes:
@@ -281,8 +371,6 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, stop: threading.Ev
     except OSError as err:  # the cache's disk: full, read-only, gone
         raise CacheDiskError(f"cache file {part}: {err.strerror or err} "
                              f"(downloading {root.url_of(shard.file)})") from None
-    finally:
-        part.unlink(missing_ok=True)
 
 
 def touch(path: Path) -> None:

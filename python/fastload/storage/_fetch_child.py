@@ -21,9 +21,10 @@ from typing import Any
 from .. import errors
 from ..errors import FastloadError, RemoteError
 from ..format._manifest import ShardInfo, load_manifest
-from ._cache import is_whole, shard_lock
+from ._cache import hold_shard, is_whole, shard_lock, window_bytes
 from ._client import RemoteRoot
 from ._fetcher import ShardFetcher
+from ._locks import FileLock
 
 
 class ForkedFetcher:
@@ -49,6 +50,31 @@ class ForkedFetcher:
 
     def want(self, order: Any, first: int = 0) -> None:
         """Do nothing: the parent process fetches ahead."""
+
+    @property
+    def windowed(self) -> bool:
+        """Return whether the version may hold only part of its shards at a time (``storage/_window.py``)."""
+        return window_bytes(self._version) is not None
+
+    def hold(self, index: int) -> FileLock | None:
+        """Hold shard ``index`` against eviction (a lock to release after reading), or None when it is not here."""
+        return hold_shard(self._version, self._shards[index].file, self._shards[index].bytes)
+
+    def on_release(self, release: Any) -> None:
+        """Do nothing: the fresh interpreter that fetches evicts only shards no process holds."""
+
+    def plan(self, plan: Any) -> None:
+        """Do nothing: without a plan, room is made by recent use."""
+
+    def at(self, position: int) -> None:
+        """Do nothing (no plan)."""
+
+    def wake(self) -> None:
+        """Do nothing (no download threads)."""
+
+    def next_need(self, index: int) -> float:
+        """Return 0: without a plan every shard may be needed now."""
+        return 0.0
 
     def on_fetched(self, listener: Any) -> None:
         """Call ``listener(index, path)`` for the shards here now (those fetched later are returned by ensure)."""

@@ -11,11 +11,19 @@ DataLoader workers) never download one shard twice and never see a torn file.
 Errors: a shard that cannot be fetched is a RemoteError naming its URL, raised in whoever waits for
 it; a wait is bounded (the storage's own timeouts and retries bound every transfer). A closed fetcher
 stops its threads at their next chunk and renames nothing from then on.
+
+A windowed version (larger than its room in the cache, ``storage/_window.py``): before each download
+room is made by evicting shards, the one needed latest by the plan (:meth:`ShardFetcher.plan`, and
+the position the reader reached, :meth:`ShardFetcher.at`) first; readers hold the shards they read
+(:meth:`ShardFetcher.hold`) and let go of them when asked (:meth:`ShardFetcher.on_release`). A
+download with no room yet waits for the epoch to move on; one a reader waits for that finds no room
+for ``ROOM_WAIT_S`` is a RemoteError naming ``cache_limit``.
 """
 
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import threading
 import time
@@ -25,12 +33,16 @@ from pathlib import Path
 
 from ..errors import RemoteError
 from ..format._manifest import ShardInfo
-from ._cache import DownloadStopped, fetch_shard, is_whole, shard_lock
+from ._cache import DownloadStopped, NoRoom, fetch_shard, hold_shard, is_whole, shard_lock, window_bytes
 from ._client import RemoteRoot
+from ._locks import FileLock
 from ._urls import redact
+from ._window import NeedPlan, reserve_room
 
 DOWNLOAD_THREADS = 8  # concurrent shard downloads (obstore releases the GIL)
 _WAIT_SLICE_S = 0.1  # a waiting thread wakes this often (Ctrl-C is handled between slices)
+_ROOM_RETRY_S = 0.02  # a download with no room tries again this often (or when a reader lets go of shards)
+ROOM_WAIT_S = 60.0  # a shard a reader waits for finds no room in a windowed version this long: an error
 
 
 class ShardFetcher:
@@ -49,6 +61,11 @@ class ShardFetcher:
         self._stop = threading.Event()
         self._listeners: list[Callable[[int, Path], None]] = []
         self._urgent: int | None = None  # a slow start: this many downloads until one shard is whole
+        self._plan: NeedPlan | None = None  # when this process's epoch reads each shard (windowed versions)
+        self._position = 0  # the next batch the reader submits, in the plan's batches
+        self._releasers: list[Callable[[int], bool]] = []
+        self._waited: set[int] = set()  # shards a reader waits for in ensure()
+        self._no_room_since: dict[int, float] = {}
         self._pid = os.getpid()
         _LIVE.add(self)
 
@@ -75,6 +92,50 @@ class ShardFetcher:
             here = [i for i, done in enumerate(self._done) if done]
         for index in here:
             listener(index, self.path(index))
+
+    @property
+    def windowed(self) -> bool:
+        """Return whether the version may hold only part of its shards at a time (``storage/_window.py``)."""
+        return window_bytes(self._version) is not None
+
+    def hold(self, index: int) -> FileLock | None:
+        """Hold shard ``index`` against eviction (a lock to release after reading), or None when it is not here."""
+        lock = hold_shard(self._version, self._shards[index].file, self._shards[index].bytes)
+        if lock is None:
+            with self._cond:
+                self._done[index] = False  # evicted (by another process, or before its holder attached it)
+        return lock
+
+    def on_release(self, release: Callable[[int], bool]) -> None:
+        """Ask ``release(index)`` to let go of a shard before it is evicted (False: a batch in flight reads it)."""
+        with self._cond:
+            self._releasers.append(release)
+
+    def plan(self, plan: NeedPlan | None) -> None:
+        """Set when this process's epoch reads each shard (eviction goes by it); the reader is at batch 0."""
+        with self._cond:
+            self._plan, self._position = plan, 0
+            self._cond.notify_all()
+
+    def at(self, position: int) -> None:
+        """Say the reader submits batch ``position`` of the plan next (shards needed only before it may go)."""
+        with self._cond:
+            if position != self._position:
+                self._position = position
+                self._cond.notify_all()
+
+    def next_need(self, index: int) -> float:
+        """Return the batch of the plan, from the reader's position on, that reads shard ``index`` next.
+
+        inf: none; 0 without a plan.
+        """
+        with self._cond:
+            return 0.0 if self._plan is None else self._plan.next_need(index, self._position)
+
+    def wake(self) -> None:
+        """Have downloads waiting for room try again now (a reader let go of shards)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def want(self, order: Iterable[int], first: int = 0) -> None:
         """Fetch the shards of ``order`` not here yet, in that order, in the background (replaces the queue).
@@ -105,18 +166,26 @@ class ShardFetcher:
         with self._cond:
             self._check_open()
             self._errors.pop(index, None)  # failed before: this call tries again (the store may be back)
-            while not self._done[index]:
-                if index in self._errors:
-                    raise self._errors[index]
-                self._check_open()
-                if index not in self._running and index not in self._queue:  # first, or dropped by a want()
-                    self._queue.insert(0, index)
-                    self._start_threads()
-                    self._cond.notify_all()
-                if deadline is not None and time.monotonic() > deadline:
-                    raise RemoteError(f"{self._root.url_of(self._shards[index].file)}: not fetched within "
-                                      f"{timeout:g} s")
-                self._cond.wait(_WAIT_SLICE_S)
+            self._waited.add(index)
+            try:
+                while not self._done[index]:
+                    if index in self._errors:
+                        raise self._errors[index]
+                    self._check_open()
+                    if index not in self._running and index not in self._queue:  # first, or dropped by want()
+                        self._queue.insert(0, index)
+                        self._start_threads()
+                        self._cond.notify_all()
+                    elif index in self._queue and self._queue[0] != index:  # needed now: next
+                        self._queue.remove(index)
+                        self._queue.insert(0, index)
+                        self._cond.notify_all()
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise RemoteError(f"{self._root.url_of(self._shards[index].file)}: not fetched within "
+                                          f"{timeout:g} s")
+                    self._cond.wait(_WAIT_SLICE_S)
+            finally:
+                self._waited.discard(index)
         return self.path(index)
 
     def ready(self, indices: Iterable[int]) -> bool:
@@ -176,6 +245,9 @@ class ShardFetcher:
                 path = self._fetch(index)
                 for listener in list(self._listeners):
                     listener(index, path)
+            except NoRoom:
+                self._wait_for_room(index)
+                continue
             except DownloadStopped:
                 error = RemoteError(f"{self._root.url_of(self._shards[index].file)}: download stopped")
             except BaseException as err:  # handed to whoever waits for this shard
@@ -194,7 +266,59 @@ class ShardFetcher:
     def _fetch(self, index: int) -> Path:
         shard = self._shards[index]
         with shard_lock(self._version, shard.file):
-            return fetch_shard(self._root, self._version, shard, stop=self._stop)
+            return fetch_shard(self._root, self._version, shard, stop=self._stop,
+                               reserve=lambda part: self._reserve(index, part))
+
+    def _next_need(self, index: int) -> float:  # with self._cond held
+        if self._plan is None:  # no plan: what a reader waits for comes first, the rest by recent use
+            return -1.0 if index in self._waited else math.inf
+        return self._plan.next_need(index, self._position)
+
+    def _reserve(self, index: int, part: Path) -> bool:
+        """Make room for shard ``index`` (a windowed version) and create its ``.part``; False: no room yet."""
+        with self._cond:
+            needs = {j: self._next_need(j) for j in range(len(self._shards))}
+            busy = set(self._running)
+            releasers = list(self._releasers)
+        window = window_bytes(self._version)
+        if self._plan is not None and window is not None:
+            # Not further ahead than the room reaches: the shards read before it (and it) must fit, or it
+            # would push out a shard needed sooner, or be pushed out itself before it is read.
+            horizon = needs[index]
+            if sum(s.bytes for j, s in enumerate(self._shards) if needs[j] <= horizon) > window:
+                return False
+        evicted = reserve_room(self._version, self._shards, index, part, needs.__getitem__,
+                               lambda j: all(release(j) for release in releasers), busy - {index})
+        if evicted is None:
+            return False
+        with self._cond:
+            for j in evicted:
+                self._done[j] = False
+                if needs[j] < math.inf and j not in self._queue:  # needed again later: fetched again then
+                    self._queue.append(j)
+            if self._plan is not None:
+                self._queue.sort(key=self._next_need)
+            self._no_room_since.pop(index, None)
+        return True
+
+    def _wait_for_room(self, index: int) -> None:
+        """Put shard ``index`` back at the head of the queue and wait for the epoch to move on (no room yet)."""
+        with self._cond:
+            self._running.discard(index)
+            since = self._no_room_since.setdefault(index, time.monotonic())
+            if index in self._waited and time.monotonic() - since > ROOM_WAIT_S:
+                self._errors[index] = RemoteError(
+                    f"{self._root.url_of(self._shards[index].file)}: no room in the cache for this shard for "
+                    f"{ROOM_WAIT_S:g} s: cache_limit leaves this dataset {window_bytes(self._version)} bytes, and "
+                    "the shards this process and the others sharing the cache read now fill them (processes that "
+                    "do not read in step need room for 2 x shuffle_window shards each); raise cache_limit, or "
+                    "lower shuffle_window")
+                self._no_room_since.pop(index, None)
+                self._cond.notify_all()
+                return
+            if index not in self._queue:
+                self._queue.insert(0, index)
+            self._cond.wait(_ROOM_RETRY_S)
 
 
 _LIVE: weakref.WeakSet[ShardFetcher] = weakref.WeakSet()  # this process's fetchers, stopped at exit

@@ -20,11 +20,11 @@ from ._cache import (
     cache_lock,
     default_cache_dir,
     hold_for_reading,
-    is_whole,
     make_room,
     parse_cache_limit,
     touch,
     version_dir,
+    window_bytes,
 )
 from ._client import RemoteRoot, StorageOptions
 from ._fetch_child import ForkedFetcher
@@ -66,20 +66,32 @@ class CachedDataset:
         self._spec = spec
         self._fetcher: ShardFetcher | ForkedFetcher | None = None
         self._fetcher_pid = 0
+        self._fetcher_lock = (os.getpid(), threading.Lock())  # one fetcher per process, whichever thread asks
         self._pid = os.getpid()  # the process that opened it: a forked child's fetcher is a ForkedFetcher
 
     @property
     def fetcher(self) -> ShardFetcher | ForkedFetcher:
         """Return this process's fetcher of the version's shards (in a child made by fork: a ForkedFetcher)."""
-        if self._fetcher is None or self._fetcher_pid != os.getpid():
-            shards = load_manifest(self.path).shards
-            if self._pid != os.getpid():  # obstore does not work after fork: a fresh interpreter fetches
-                self._fetcher = ForkedFetcher(self.source_url, self._spec, self.path, shards, self.url)
-            else:
-                self._fetcher = ShardFetcher(RemoteRoot(self.source_url, self._spec.storage_options), self.path,
-                                             shards)
-            self._fetcher_pid = os.getpid()
-        return self._fetcher
+        fetcher = self._fetcher
+        if fetcher is not None and self._fetcher_pid == os.getpid():
+            return fetcher
+        if self._fetcher_lock[0] != os.getpid():  # a forked child: a lock no thread of a parent can hold
+            self._fetcher_lock = (os.getpid(), threading.Lock())
+        with self._fetcher_lock[1]:
+            if self._fetcher is None or self._fetcher_pid != os.getpid():
+                shards = load_manifest(self.path).shards
+                if self._pid != os.getpid():  # obstore does not work after fork: a fresh interpreter fetches
+                    self._fetcher = ForkedFetcher(self.source_url, self._spec, self.path, shards, self.url)
+                else:
+                    self._fetcher = ShardFetcher(RemoteRoot(self.source_url, self._spec.storage_options),
+                                                 self.path, shards)
+                self._fetcher_pid = os.getpid()
+            return self._fetcher
+
+    @property
+    def window(self) -> int | None:
+        """Return the bytes this version may hold when it is windowed (larger than its room), else None."""
+        return window_bytes(self.path)
 
     def release(self) -> None:
         """Stop this process's downloads and let eviction take this version again."""
@@ -128,9 +140,10 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Fa
 
     The manifest is fetched and validated first (a missing object, no credentials or a refused
     permission fail here, naming the URL, before any shard is fetched), and room is made for the
-    whole version within ``cache_limit``. The shards come later, through ``fetcher`` (on demand and
-    in the order the loader asks for them), or now with ``shards=True``: all of them, several at
-    once, each checked against the manifest.
+    whole version within ``cache_limit``, or, when it cannot fit, for a window of its shards
+    (``storage/_window.py``; its shards are then evicted as the epoch moves on). The shards come
+    later, through ``fetcher`` (on demand and in the order the loader asks for them), or now with
+    ``shards=True``: all of them, several at once, each checked against the manifest.
     """
     url = resolve_remote_split(url, split, spec)
     root = RemoteRoot(url, spec.storage_options)
@@ -140,13 +153,12 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Fa
         with cache_lock(spec.cache_dir):
             _place_manifest(version, manifest_bytes)
             try:
-                manifest = load_manifest(version)
+                load_manifest(version)  # validated before a byte of room is made for it
             except DatasetError as err:
                 raise DatasetError(f"{redact(url)}: {err}") from None
             reading = hold_for_reading(version)
             try:
-                missing = [s for s in manifest.shards if not is_whole(version / s.file, s.bytes)]
-                make_room(spec.cache_dir, sum(s.bytes for s in missing), spec.cache_limit, version)
+                make_room(spec.cache_dir, version, spec.cache_limit)  # whole, or windowed (storage/_window.py)
                 touch(version / READERS_LOCK_NAME)
             except BaseException:
                 reading.release()

@@ -1,0 +1,147 @@
+"""A windowed version's room: which of its shards to evict before one more is downloaded.
+
+A version larger than the room ``cache_limit`` leaves it is *windowed* (``storage/_cache.py``): it
+may hold ``window_bytes(version)`` bytes, and shards come and go as the epoch moves on. Before a
+shard is downloaded, :func:`reserve_room` (under the cache-wide lock) evicts shards until it fits,
+then creates its ``.part`` file at its full size, so downloads in flight count in every process's
+sum. The eviction order is Belady's: the shard this process needs latest (or never again) first,
+from a :class:`NeedPlan` of the epoch; without a plan (a dataset indexed directly, a forked reader)
+the least recently used. A shard is evicted only when
+
+- this process does not need it sooner than the shard being fetched (no thrashing: a shard needed
+  later waits for room rather than pushing out one needed sooner),
+- no batch in flight in this process reads it (``release`` detaches it from the native set, which
+  refuses while a batch pins it), and
+- no process holds it (its ``.<file>.readers`` lock is taken exclusively before it is deleted).
+
+When nothing can go, there is no room yet: the fetcher tries again as the epoch moves on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..format._manifest import MANIFEST_NAME, ShardInfo
+from ._cache import cache_lock, is_whole, window_bytes
+from ._locks import FileLock
+
+
+class NeedPlan:
+    """When one epoch (this process's batches) reads each shard of a version: for eviction by next need."""
+
+    def __init__(self, shard_of_sample: np.ndarray, batch_size: int, num_shards: int) -> None:
+        """Index the epoch's reads: ``shard_of_sample[k]`` is the shard read at position ``k``.
+
+        -1 marks another dataset's sample; position ``k`` belongs to batch ``k // batch_size``.
+        """
+        shards = np.asarray(shard_of_sample, dtype=np.int64)
+        batches = np.arange(len(shards), dtype=np.int64) // max(1, int(batch_size))
+        mine = shards >= 0
+        width = int(batches[-1]) + 2 if len(batches) else 1
+        pairs = np.unique(shards[mine] * width + batches[mine])
+        self._shard = pairs // width
+        self._batch = pairs % width
+        self._starts = np.searchsorted(self._shard, np.arange(num_shards + 1))
+
+    def next_need(self, shard: int, position: int) -> float:
+        """Return the first batch at or after ``position`` that reads ``shard`` (inf: none)."""
+        lo, hi = int(self._starts[shard]), int(self._starts[shard + 1])
+        k = lo + int(np.searchsorted(self._batch[lo:hi], position))
+        return float(self._batch[k]) if k < hi else math.inf
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return (shard, batch) for every batch and each shard it reads, sorted by shard then batch (int64)."""
+        return self._shard, self._batch
+
+
+def reserve_room(version: Path, shards: Sequence[ShardInfo], index: int, part: Path,
+                 next_need: Callable[[int], float], release: Callable[[int], bool],
+                 busy: set[int]) -> list[int] | None:
+    """Make room for shard ``index`` in ``version`` and create ``part`` at its size; return the shards evicted.
+
+    Return None when there is no room yet (nothing that may go). A version not windowed (any more)
+    needs no room: ``part`` is created empty. ``next_need(j)``: when this process reads shard ``j``
+    next (inf: not again); ``release(j)``: let go of shard ``j`` in this process, False while a batch
+    in flight reads it; ``busy``: shards this process is downloading (never evicted).
+    """
+    cache_dir = version.parent.parent
+    with cache_lock(cache_dir):
+        window = window_bytes(version)
+        need = shards[index].bytes
+        if window is None:
+            part.touch()
+            return []
+        used = _held_bytes(version, shards)
+        if used + need > window:
+            _remove_stale_parts(version, shards, busy | {index})
+            used = _held_bytes(version, shards)
+        evicted: list[int] = []
+        if used + need > window:
+            mine = next_need(index)
+            candidates = [j for j in range(len(shards)) if j != index and j not in busy
+                          and next_need(j) > mine and is_whole(version / shards[j].file, shards[j].bytes)]
+            candidates.sort(key=lambda j: (-next_need(j), _mtime(version / shards[j].file)))
+            for j in candidates:
+                if used + need <= window:
+                    break
+                if not release(j):  # a batch in flight reads it
+                    continue
+                lock = FileLock.try_exclusive(version / f".{shards[j].file}.readers")
+                if lock is None:  # another process reads it
+                    continue
+                with lock:
+                    (version / shards[j].file).unlink(missing_ok=True)
+                evicted.append(j)
+                used -= shards[j].bytes
+            if used + need > window:
+                return None
+        with open(part, "wb") as f:
+            f.truncate(need)  # sparse: it counts at its full size from now on, in every process's sum
+        return evicted
+
+
+def _held_bytes(version: Path, shards: Sequence[ShardInfo]) -> int:
+    """Return the bytes the version holds: its manifest, and each shard whole or reserved (a ``.part``) at full size.
+
+    Shard by shard, ``.part`` files before the whole file: a download renamed meanwhile (no lock is held
+    for the rename) is counted under one name or the other, never missed, as a listing of the directory
+    and a ``stat`` of each name could.
+    """
+    total = 0
+    try:
+        total += (version / MANIFEST_NAME).stat().st_size
+    except OSError:
+        pass
+    for shard in shards:
+        if next(version.glob(shard.file + ".part-*"), None) is not None or (version / shard.file).exists():
+            total += shard.bytes
+    return total
+
+
+def _remove_stale_parts(version: Path, shards: Sequence[ShardInfo], busy: set[int]) -> None:
+    """Delete the ``.part`` files of downloads that ended without cleaning up (their shard's lock is free)."""
+    for j, shard in enumerate(shards):
+        if j in busy:
+            continue
+        parts = list(version.glob(shard.file + ".part-*"))
+        if not parts:
+            continue
+        try:
+            lock = FileLock(version / f".{shard.file}.lock", exclusive=True, blocking=False)
+        except (BlockingIOError, OSError):  # being downloaded
+            continue
+        with lock:
+            for stale in parts:
+                stale.unlink(missing_ok=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,203 @@
+"""A remote dataset larger than its cache: read a window of shards at a time, within cache_limit, the same batches.
+
+Against the moto S3 server of tests/test_remote.py. The promise: with ``cache_limit`` a fraction of the
+dataset, ``shuffle_window=K`` (and ``shuffle=False``) give bitwise the local copy's batches, epoch after
+epoch and from a resumed state, while the cache's bytes (downloads in flight included) never exceed the
+limit, a shard is never evicted under a reader (another process's included), and orders whose working
+set cannot fit are refused at construction naming the window that fits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_remote import batches, s3, same, upload  # noqa: F401  (s3: the module's server fixture)
+
+import fastload
+from fastload.errors import ArgumentError
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory, s3):  # noqa: F811
+    """16 shards of 50 samples (raw 3x32x32 images: about 160 KB a shard), local and uploaded."""
+    local = tmp_path_factory.mktemp("window") / "ds"
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 255, (800, 3, 32, 32), dtype=np.uint8)
+    fastload.write_arrays(local, {"image": images, "label": np.arange(800) % 10}, samples_per_shard=50)
+    return local, upload(s3[1], local, "window")
+
+
+def shard_bytes(local: Path) -> tuple[int, int]:
+    """Return (all shards' bytes, the largest shard's)."""
+    sizes = [p.stat().st_size for p in local.glob("*.lmdb")]
+    return sum(sizes), max(sizes)
+
+
+class CacheWatch:
+    """Sample the cache's bytes (every file, .part files at their reserved size) in a thread; keep the peak."""
+
+    def __init__(self, cache: Path) -> None:
+        self.cache, self.peak, self._stop = cache, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def size(self) -> int:
+        sizes = {}  # by inode: a file renamed while the directory is listed is seen under both names
+        for p in self.cache.rglob("*"):
+            try:
+                st = p.stat()
+            except OSError:  # removed meanwhile
+                continue
+            if p.is_file():
+                sizes[(st.st_dev, st.st_ino)] = st.st_size
+        return sum(sizes.values())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.size())
+            time.sleep(0.002)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, self.size())
+
+
+@pytest.mark.parametrize(("order", "threads"), [({"shuffle": True, "shuffle_window": 1}, 1),
+                                                ({"shuffle": True, "shuffle_window": 2}, 2),
+                                                ({"shuffle": False}, 2)])
+def test_a_dataset_larger_than_its_cache_gives_the_local_batches_within_the_limit(big, s3, tmp_path, order,  # noqa: F811
+                                                                                     threads):
+    local, url = big
+    full, largest = shard_bytes(local)
+    shards_in_room = 2 * order.get("shuffle_window", 1)
+    limit = shards_in_room * largest + largest // 2 + 8192  # the shards the order needs, and a manifest
+    assert limit < full / 2
+    cache = tmp_path / "cache"
+    loader = fastload.ShardLoader(url, batch_size=32, seed=5, num_threads=threads, storage_options=s3[2],
+                                  cache_dir=cache, cache_limit=limit, **order)
+    expected = fastload.ShardLoader(str(local), batch_size=32, seed=5, **order)
+    assert loader.dataset._cached.window is not None  # windowed: it cannot be held whole
+    watch = CacheWatch(cache)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        expected.set_epoch(epoch)
+        assert same(batches(loader), batches(expected)), epoch
+    peak = watch.stop()
+    assert peak <= limit, (peak, limit)
+    assert not list(cache.rglob("*.part-*"))
+
+
+def test_shards_are_evicted_and_fetched_again_by_the_next_epoch(big, s3, tmp_path):  # noqa: F811
+    local, url = big
+    full, largest = shard_bytes(local)
+    cache = tmp_path / "cache"
+    loader = fastload.ShardLoader(url, batch_size=32, shuffle=True, shuffle_window=1, seed=1, storage_options=s3[2],
+                                  cache_dir=cache, cache_limit=2 * largest + 8192)
+    version = loader.dataset._cached.path
+    seen: set[str] = set()
+    for _ in loader:
+        seen |= {p.name for p in version.glob("*.lmdb")}
+        assert len(list(version.glob("*.lmdb"))) <= 2
+    assert len(seen) == 16  # every shard was here at some point, never more than 2 at once
+
+
+def test_a_resumed_windowed_run_gives_the_rest_of_the_epoch(big, s3, tmp_path):  # noqa: F811
+    local, url = big
+    _, largest = shard_bytes(local)
+    kwargs = {"batch_size": 32, "shuffle": True, "shuffle_window": 2, "seed": 9}
+    first = fastload.ShardLoader(url, storage_options=s3[2], cache_dir=tmp_path / "a",
+                                 cache_limit=4 * largest + 8192, **kwargs)
+    it = iter(first)
+    for _ in range(7):
+        next(it)
+    state = first.state_dict()
+    del it
+    resumed = fastload.ShardLoader(url, storage_options=s3[2], cache_dir=tmp_path / "b",  # another, empty cache
+                                   cache_limit=5 * largest + 8192, **kwargs)
+    resumed.load_state_dict(state)
+    expected = fastload.ShardLoader(str(local), **kwargs)
+    assert same(batches(resumed), batches(expected)[7:])
+
+
+def test_orders_that_cannot_fit_are_refused_naming_the_window_that_fits(big, s3, tmp_path):  # noqa: F811
+    local, url = big
+    _, largest = shard_bytes(local)
+    common = {"batch_size": 32, "storage_options": s3[2], "cache_dir": tmp_path, "cache_limit": 6 * largest + 8192}
+    with pytest.raises(ArgumentError, match=r"shuffle=True reads every shard.*shuffle_window=3"):
+        fastload.ShardLoader(url, shuffle=True, **common)
+    with pytest.raises(ArgumentError, match=r"shuffle_window=5 needs room for 10 shards.*shuffle_window=3 fits"):
+        fastload.ShardLoader(url, shuffle=True, shuffle_window=5, **common)
+    with pytest.raises(ArgumentError, match=r"weights sampling reads every shard"):
+        fastload.ShardLoader(url, sample_weights=np.ones(800), **common)
+    with pytest.raises(ArgumentError, match=r"backend='torch' reads a dataset in object storage only when it fits"):
+        fastload.ShardLoader(url, shuffle=True, shuffle_window=2, backend="torch", **common)
+    loader = fastload.ShardLoader(url, shuffle=True, shuffle_window=3, **common)  # what the errors offer works
+    assert sum(len(b["label"]) for b in loader) == 800
+
+
+def test_two_processes_share_a_windowed_cache_and_never_evict_what_the_other_reads(big, s3, tmp_path):  # noqa: F811
+    """Ranks 0 and 1 of 2 on one node, one cache smaller than the dataset: each gets its local batches.
+
+    Nothing keeps the two in step (no collective between them), so the room is 2 shuffle windows' worth
+    (2 K shards) for each of them: the documented need of processes that read at their own pace.
+    """
+    local, url = big
+    _, largest = shard_bytes(local)
+    cache = tmp_path / "cache"
+    limit = 2 * 4 * largest + 16384
+    script = (
+        "import fastload, pickle, sys, hashlib\n"
+        "options, rank = pickle.loads(bytes.fromhex(sys.argv[1])), int(sys.argv[2])\n"
+        f"loader = fastload.ShardLoader({url!r}, batch_size=16, shuffle=True, shuffle_window=2, seed=4, rank=rank,\n"
+        f"    world_size=2, storage_options=options, cache_dir={str(cache)!r}, cache_limit={limit})\n"
+        "h = hashlib.sha256()\n"
+        "for epoch in range(2):\n"
+        "    loader.set_epoch(epoch)\n"
+        "    for b in loader:\n"
+        "        h.update(b['image'].numpy().tobytes()); h.update(b['label'].numpy().tobytes())\n"
+        "print(h.hexdigest())\n")
+    watch = CacheWatch(cache)
+    procs = [subprocess.Popen([sys.executable, "-c", script, pickle.dumps(s3[2]).hex(), str(rank)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    peak = watch.stop()
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for _, e in outs]
+    for rank, (out, _) in enumerate(outs):
+        loader = fastload.ShardLoader(str(local), batch_size=16, shuffle=True, shuffle_window=2, seed=4, rank=rank,
+                                      world_size=2)
+        h = hashlib.sha256()
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for b in loader:
+                h.update(b["image"].numpy().tobytes())
+                h.update(b["label"].numpy().tobytes())
+        assert out.strip() == h.hexdigest(), rank
+    assert peak <= limit, (peak, limit)
+
+
+def test_a_windowed_dataset_in_forked_dataloader_workers_reads_every_sample_within_the_limit(big, s3, tmp_path):  # noqa: F811
+    """A user's own DataLoader over a windowed ShardDataset: forked workers fetch through fresh interpreters,
+    each holding one shard at a time, evicting by recent use; every sample is right and the bound holds."""
+    local, url = big
+    _, largest = shard_bytes(local)
+    cache = tmp_path / "cache"
+    limit = 4 * largest + 16384
+    dataset = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=cache, cache_limit=limit)
+    assert dataset._cached.window is not None
+    watch = CacheWatch(cache)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=50, num_workers=2,
+                                         multiprocessing_context="fork")
+    labels = torch.cat([b["label"] for b in loader])
+    peak = watch.stop()
+    assert labels.tolist() == list(np.arange(800) % 10)
+    assert peak <= limit, (peak, limit)
