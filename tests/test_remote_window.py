@@ -201,3 +201,37 @@ def test_a_windowed_dataset_in_forked_dataloader_workers_reads_every_sample_with
     peak = watch.stop()
     assert labels.tolist() == list(np.arange(800) % 10)
     assert peak <= limit, (peak, limit)
+
+
+def test_a_windowed_dataset_in_a_concat_with_a_local_one_gives_the_local_batches(big, s3, tmp_path):  # noqa: F811
+    local, url = big
+    _, largest = shard_bytes(local)
+    remote = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path / "cache",
+                                   cache_limit=4 * largest + 8192)
+    kwargs = {"batch_size": 40, "shuffle": True, "shuffle_window": 2, "seed": 6}
+    for parts in ([remote, str(local)], [str(local), remote]):
+        got = fastload.ShardLoader(fastload.concat(parts), **kwargs)
+        expected = fastload.ShardLoader(fastload.concat([str(local), str(local)]), **kwargs)
+        for epoch in range(2):
+            got.set_epoch(epoch)
+            expected.set_epoch(epoch)
+            assert same(batches(got), batches(expected)), (parts, epoch)
+    with pytest.raises(ArgumentError, match="shuffle=True reads every shard"):
+        fastload.ShardLoader(fastload.concat([remote, str(local)]), batch_size=40, shuffle=True)
+
+
+def test_loaders_made_one_after_another_leave_no_callbacks_behind(big, s3, tmp_path):  # noqa: F811
+    """A script that builds a loader per epoch over one remote dataset: the fetcher keeps only live readers'."""
+    import gc
+
+    local, url = big
+    dataset = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path)
+    for _ in range(5):
+        loader = fastload.ShardLoader(dataset, batch_size=100)
+        next(iter(loader))
+        del loader
+        gc.collect()
+    fetcher = dataset._cached.fetcher
+    live = fastload.ShardLoader(dataset, batch_size=100)
+    next(iter(live))
+    assert len(fetcher._listeners) == 1 and len(fetcher._releasers) == 1

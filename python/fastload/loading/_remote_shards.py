@@ -144,8 +144,8 @@ class RemoteShardSet:
             if is_remote_dataset(ds):
                 fetcher = ds._cached.fetcher  # type: ignore[union-attr]
                 self._parts += [(i, fetcher) for i in range(len(ds.manifest.shards))]
-                fetcher.on_fetched(functools.partial(_attach, me, first))
-                fetcher.on_release(functools.partial(_release, me, first))
+                fetcher.on_fetched(self, functools.partial(_attach, me, first))
+                fetcher.on_release(self, functools.partial(_release, me, first))
             else:
                 for i, shard in enumerate(ds.manifest.shards):
                     self.native.attach(first + i, str(ds.path / shard.file))

@@ -60,7 +60,7 @@ class ForkedFetcher:
         """Hold shard ``index`` against eviction (a lock to release after reading), or None when it is not here."""
         return hold_shard(self._version, self._shards[index].file, self._shards[index].bytes)
 
-    def on_release(self, release: Any) -> None:
+    def on_release(self, owner: object, release: Any) -> None:
         """Do nothing: the fresh interpreter that fetches evicts only shards no process holds."""
 
     def plan(self, plan: Any) -> None:
@@ -76,7 +76,7 @@ class ForkedFetcher:
         """Return 0: without a plan every shard may be needed now."""
         return 0.0
 
-    def on_fetched(self, listener: Any) -> None:
+    def on_fetched(self, owner: object, listener: Any) -> None:
         """Call ``listener(index, path)`` for the shards here now (those fetched later are returned by ensure)."""
         for index in range(len(self._shards)):
             if self.is_here(index):

@@ -30,6 +30,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from ..errors import RemoteError
 from ..format._manifest import ShardInfo
@@ -59,11 +60,12 @@ class ShardFetcher:
         self._queue: list[int] = []  # shards to fetch, first needed first
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
-        self._listeners: list[Callable[[int, Path], None]] = []
+        # (owner, callback): a callback is dropped once its owner (a weak reference) is gone
+        self._listeners: list[tuple[weakref.ref[Any], Callable[[int, Path], None]]] = []
         self._urgent: int | None = None  # a slow start: this many downloads until one shard is whole
         self._plan: NeedPlan | None = None  # when this process's epoch reads each shard (windowed versions)
         self._position = 0  # the next batch the reader submits, in the plan's batches
-        self._releasers: list[Callable[[int], bool]] = []
+        self._releasers: list[tuple[weakref.ref[Any], Callable[[int], bool]]] = []
         self._waited: set[int] = set()  # shards a reader waits for in ensure()
         self._no_room_since: dict[int, float] = {}
         self._pid = os.getpid()
@@ -81,14 +83,16 @@ class ShardFetcher:
         with self._cond:
             return self._done.count(False)
 
-    def on_fetched(self, listener: Callable[[int, Path], None]) -> None:
+    def on_fetched(self, owner: object, listener: Callable[[int, Path], None]) -> None:
         """Call ``listener(index, path)`` for every shard as it becomes whole (at once for those already here).
 
         It runs on the download thread (or this one), must not block for long, and an exception it
-        raises becomes the shard's error.
+        raises becomes the shard's error. It is dropped once ``owner`` is gone (the listener should
+        not hold ``owner`` itself: the fetcher would keep it alive).
         """
         with self._cond:
-            self._listeners.append(listener)
+            self._listeners = [(o, f) for o, f in self._listeners if o() is not None] + [(weakref.ref(owner),
+                                                                                         listener)]
             here = [i for i, done in enumerate(self._done) if done]
         for index in here:
             listener(index, self.path(index))
@@ -106,10 +110,14 @@ class ShardFetcher:
                 self._done[index] = False  # evicted (by another process, or before its holder attached it)
         return lock
 
-    def on_release(self, release: Callable[[int], bool]) -> None:
-        """Ask ``release(index)`` to let go of a shard before it is evicted (False: a batch in flight reads it)."""
+    def on_release(self, owner: object, release: Callable[[int], bool]) -> None:
+        """Ask ``release(index)`` to let go of a shard before it is evicted (False: a batch in flight reads it).
+
+        Dropped once ``owner`` is gone, as ``on_fetched``'s listeners.
+        """
         with self._cond:
-            self._releasers.append(release)
+            self._releasers = [(o, f) for o, f in self._releasers if o() is not None] + [(weakref.ref(owner),
+                                                                                         release)]
 
     def plan(self, plan: NeedPlan | None) -> None:
         """Set when this process's epoch reads each shard (eviction goes by it); the reader is at batch 0."""
@@ -243,8 +251,9 @@ class ShardFetcher:
             error: BaseException | None = None
             try:
                 path = self._fetch(index)
-                for listener in list(self._listeners):
-                    listener(index, path)
+                for owner, listener in list(self._listeners):
+                    if owner() is not None:
+                        listener(index, path)
             except NoRoom:
                 self._wait_for_room(index)
                 continue
@@ -279,7 +288,7 @@ class ShardFetcher:
         with self._cond:
             needs = {j: self._next_need(j) for j in range(len(self._shards))}
             busy = set(self._running)
-            releasers = list(self._releasers)
+            releasers = [f for o, f in self._releasers if o() is not None]
         window = window_bytes(self._version)
         if self._plan is not None and window is not None:
             # Not further ahead than the room reaches: the shards read before it (and it) must fit, or it
