@@ -68,6 +68,7 @@ class ShardFetcher:
         self._releasers: list[tuple[weakref.ref[Any], Callable[[int], bool]]] = []
         self._waited: set[int] = set()  # shards a reader waits for in ensure()
         self._no_room_since: dict[int, float] = {}
+        self._room_waiters = 0  # download threads waiting for room (at() and wake() wake them)
         self._pid = os.getpid()
         _LIVE.add(self)
 
@@ -130,7 +131,8 @@ class ShardFetcher:
         with self._cond:
             if position != self._position:
                 self._position = position
-                self._cond.notify_all()
+                if self._room_waiters:  # (waking idle download threads per batch costs the reader the GIL)
+                    self._cond.notify_all()
 
     def next_need(self, index: int) -> float:
         """Return the batch of the plan, from the reader's position on, that reads shard ``index`` next.
@@ -143,7 +145,8 @@ class ShardFetcher:
     def wake(self) -> None:
         """Have downloads waiting for room try again now (a reader let go of shards)."""
         with self._cond:
-            self._cond.notify_all()
+            if self._room_waiters:
+                self._cond.notify_all()
 
     def want(self, order: Iterable[int], first: int = 0) -> None:
         """Fetch the shards of ``order`` not here yet, in that order, in the background (replaces the queue).
@@ -327,7 +330,11 @@ class ShardFetcher:
                 return
             if index not in self._queue:
                 self._queue.insert(0, index)
-            self._cond.wait(_ROOM_RETRY_S)
+            self._room_waiters += 1
+            try:
+                self._cond.wait(_ROOM_RETRY_S)
+            finally:
+                self._room_waiters -= 1
 
 
 _LIVE: weakref.WeakSet[ShardFetcher] = weakref.WeakSet()  # this process's fetchers, stopped at exit
