@@ -72,19 +72,23 @@ class CacheWatch:
         return max(self.peak, self.size())
 
 
-@pytest.mark.parametrize(("order", "threads"), [({"shuffle": True, "shuffle_window": 1}, 1),
-                                                ({"shuffle": True, "shuffle_window": 2}, 2),
-                                                ({"shuffle": False}, 2)])
+@pytest.mark.parametrize(("order", "reading"), [({"shuffle": True, "shuffle_window": 1}, {"num_threads": 1}),
+                                                ({"shuffle": True, "shuffle_window": 2}, {"num_threads": 2}),
+                                                ({"shuffle": False}, {"num_threads": 2}),
+                                                ({"shuffle": True, "shuffle_window": 2},
+                                                 {"backend": "torch", "num_workers": 2}),
+                                                ({"shuffle": True, "shuffle_window": 1},
+                                                 {"backend": "torch", "num_workers": 0})])
 def test_a_dataset_larger_than_its_cache_gives_the_local_batches_within_the_limit(big, s3, tmp_path, order,  # noqa: F811
-                                                                                     threads):
+                                                                                     reading):
     local, url = big
     full, largest = shard_bytes(local)
     shards_in_room = 2 * order.get("shuffle_window", 1)
     limit = shards_in_room * largest + largest // 2 + 8192  # the shards the order needs, and a manifest
     assert limit < full / 2
     cache = tmp_path / "cache"
-    loader = fastload.ShardLoader(url, batch_size=32, seed=5, num_threads=threads, storage_options=s3[2],
-                                  cache_dir=cache, cache_limit=limit, **order)
+    loader = fastload.ShardLoader(url, batch_size=32, seed=5, storage_options=s3[2], cache_dir=cache,
+                                  cache_limit=limit, **order, **reading)
     expected = fastload.ShardLoader(str(local), batch_size=32, seed=5, **order)
     assert loader.dataset._cached.window is not None  # windowed: it cannot be held whole
     watch = CacheWatch(cache)
@@ -139,8 +143,6 @@ def test_orders_that_cannot_fit_are_refused_naming_the_window_that_fits(big, s3,
         fastload.ShardLoader(url, shuffle=True, shuffle_window=5, **common)
     with pytest.raises(ArgumentError, match=r"weights sampling reads every shard"):
         fastload.ShardLoader(url, sample_weights=np.ones(800), **common)
-    with pytest.raises(ArgumentError, match=r"backend='torch' reads a dataset in object storage only when it fits"):
-        fastload.ShardLoader(url, shuffle=True, shuffle_window=2, backend="torch", **common)
     loader = fastload.ShardLoader(url, shuffle=True, shuffle_window=3, **common)  # what the errors offer works
     assert sum(len(b["label"]) for b in loader) == 800
 

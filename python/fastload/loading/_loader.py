@@ -22,7 +22,14 @@ from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
 from ._native_backend import NativeEpoch, NativeSettings, SlotPoolKeeper, open_shards
 from ._native_groups import GroupedNativeEpoch, open_groups
 from ._plan import BatchIndices, EpochPlan
-from ._remote_shards import RemoteShardSet, check_cache_fits, fetch_ahead, shards_missing
+from ._remote_shards import (
+    RemoteShardSet,
+    check_cache_fits,
+    fetch_ahead,
+    follow_pass,
+    shards_missing,
+    windowed_fetchers,
+)
 from ._sampler import EpochBatchSampler, EpochSampler
 from ._sampling_setup import WithSource, dataset_fingerprint
 from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec
@@ -161,7 +168,7 @@ class ShardLoader:
         self.num_threads, self.prefetch, self.backend = reading.num_threads, reading.prefetch, reading.backend
         check_dataset_class(self.dataset, self.backend)
         check_cache_fits(self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset],
-                         self.shuffle, self._sampling, self.backend)
+                         self.shuffle, self._sampling)
         self.augment = Augment(self.dataset, transforms, layout, batch_transform, output, seed)
         self.verify_checksums = verify_checksums
         self._epoch = 0
@@ -344,12 +351,13 @@ class ShardLoader:
         else:
             assert self._sampler is not None and self._dataloader is not None
             self._sampler.configure(order, plan, epoch)
-            if len(plan):  # a remote dataset fetches ahead in the order this rank's batches read
-                datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
-                if shards_missing(datasets):
-                    fetch_ahead(datasets, np.asarray(order.at(plan.positions_of_batches(0, len(plan)))),
-                                self.batch_size)
+            datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
+            if len(plan) and shards_missing(datasets):  # fetch ahead in the order this rank's batches read
+                fetch_ahead(datasets, np.asarray(order.at(plan.positions_of_batches(0, len(plan)))), self.batch_size)
             inner = iter(self._dataloader) if len(plan) else iter(())
+            windowed = windowed_fetchers(datasets)
+            if windowed and len(plan):  # a dataset larger than its cache evicts by where the pass is
+                inner = follow_pass(inner, windowed)
         if self.device is not None or self._transfer_ops is not None:
             ops = self._transfer_ops
             if ops is None:

@@ -14,7 +14,7 @@ import functools
 import math
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +60,23 @@ def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray, batch_siz
     """Have each remote dataset fetch the shards ``indices`` read (global over ``datasets``), first needed first.
 
     The shards of the first batch (``indices[:batch_size]``) get the link to themselves until one
-    of them is whole (``ShardFetcher.want``'s ``first``).
+    of them is whole (``ShardFetcher.want``'s ``first``). A windowed dataset's fetcher also gets the
+    plan (which batch reads which shard) it evicts by; a batch whose shards alone do not fit its
+    window is a RemoteError now, before the pass.
     """
     if not any(is_remote_dataset(ds) for ds in datasets):
         return
     starts = shard_starts(datasets)
+    shard_of = np.searchsorted(starts, np.asarray(indices, dtype=np.int64), side="right") - 1
+    offset = 0
+    for ds in datasets:
+        count = len(ds.manifest.shards)
+        if is_remote_dataset(ds) and ds._cached.fetcher.windowed:  # type: ignore[union-attr]
+            local = np.where((shard_of >= offset) & (shard_of < offset + count), shard_of - offset, -1)
+            plan = NeedPlan(local, batch_size, count)
+            check_batches_fit(ds, plan)
+            ds._cached.fetcher.plan(plan)  # type: ignore[union-attr]
+        offset += count
     order = shard_need_order(starts, indices)
     urgent = set(shard_need_order(starts, indices[:batch_size]).tolist())
     offset = 0
@@ -77,14 +89,13 @@ def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray, batch_siz
         offset += count
 
 
-def check_cache_fits(datasets: Sequence[ShardDataset], shuffle: bool, sampling: Any, backend: str) -> None:
+def check_cache_fits(datasets: Sequence[ShardDataset], shuffle: bool, sampling: Any) -> None:
     """Refuse, at construction, an order whose working set cannot fit the room of a windowed remote dataset.
 
     A windowed dataset (larger than the room ``cache_limit`` leaves it) holds a window of shards at a
     time: ``shuffle_window=K`` needs room for ``2 K`` shards (a window read while the next one
     downloads), ``shuffle=False`` for 2; a global shuffle, weights, ``indices=`` or a mixture read
-    every shard all epoch long and need the whole dataset. The native backend only: the torch
-    backend's DataLoader workers read without the epoch's plan.
+    every shard all epoch long and need the whole dataset.
     """
     for ds in datasets:
         window = ds._cached.window if is_remote_dataset(ds) else None  # type: ignore[union-attr]
@@ -95,10 +106,6 @@ def check_cache_fits(datasets: Sequence[ShardDataset], shuffle: bool, sampling: 
         fits = window // (2 * largest)
         short = (f"{ds.url}: its {full} bytes of shards do not fit the {window} bytes cache_limit leaves it, so it is "
                  f"read a window of shards at a time")
-        if backend != "native":
-            raise ArgumentError(f"{short}, which backend='native' does (backend={backend!r} reads a dataset in "
-                                "object storage only when it fits the cache whole); raise cache_limit or use "
-                                "backend='native'")
         if sampling.mode == "shard_window":
             if 2 * sampling.window * largest > window:
                 raise ArgumentError(f"{short}: shuffle_window={sampling.window} needs room for "
@@ -115,6 +122,31 @@ def check_cache_fits(datasets: Sequence[ShardDataset], shuffle: bool, sampling: 
         elif 2 * largest > window:
             raise ArgumentError(f"{short}: reading it in order needs room for 2 shards of up to {largest} bytes; "
                                 "raise cache_limit")
+
+
+def windowed_fetchers(datasets: Sequence[ShardDataset]) -> list[Any]:
+    """Return the fetchers of the windowed remote datasets among ``datasets`` (their eviction follows the pass)."""
+    return [ds._cached.fetcher for ds in datasets  # type: ignore[union-attr]
+            if is_remote_dataset(ds) and ds._cached.fetcher.windowed]  # type: ignore[union-attr]
+
+
+def follow_pass(batches: Iterator[Any], fetchers: Sequence[Any]) -> Iterator[Any]:
+    """Yield ``batches``, telling ``fetchers`` the position of the pass before each batch is asked for.
+
+    The torch backend's: batch ``p`` is read (in this process, or by a worker ahead of it) while the
+    pass is at ``p`` or before, so no shard a batch not yet delivered reads is evicted as done, and
+    a worker holds the shard it reads.
+    """
+    position = 0
+    while True:
+        for fetcher in fetchers:
+            fetcher.at(position)
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        yield batch
+        position += 1
 
 
 class RemoteShardSet:
@@ -154,21 +186,7 @@ class RemoteShardSet:
         self._fetchers = list({id(f): f for _, f in self._parts if f is not None}.values())
 
     def want(self, indices: np.ndarray, batch_size: int) -> None:
-        """Fetch the shards ``indices`` read, in the order of first need (the rank's epoch, in batches).
-
-        A windowed dataset's fetcher also gets the plan (which batch reads which shard) it evicts by;
-        a batch whose shards alone do not fit its window is a RemoteError now, before the pass.
-        """
-        shard_of = np.searchsorted(self.starts, np.asarray(indices, dtype=np.int64), side="right") - 1
-        offset = 0
-        for ds in self.datasets:
-            count = len(ds.manifest.shards)
-            if is_remote_dataset(ds) and ds._cached.fetcher.windowed:  # type: ignore[union-attr]
-                local = np.where((shard_of >= offset) & (shard_of < offset + count), shard_of - offset, -1)
-                plan = NeedPlan(local, batch_size, count)
-                check_batches_fit(ds, plan)
-                ds._cached.fetcher.plan(plan)  # type: ignore[union-attr]
-            offset += count
+        """Fetch the shards ``indices`` read, in the order of first need (the rank's epoch, in batches)."""
         fetch_ahead(self.datasets, indices, batch_size)
 
     def at(self, position: int) -> None:
