@@ -38,12 +38,14 @@ from ..errors import ArgumentError, SchemaMismatchError
 from ..format._codecs import default_options
 from ..format._manifest import MANIFEST_NAME, Manifest
 from ..format._record import Field, RecordEncoder
+from ..storage import is_remote
 from ._array_writer import check_codecs, plan_field
 from ._auto import MAX_SAMPLES, PREFERENCES, Choice, sample_indices
 from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
 from ._dask_map import check_client, describe
 from ._dataset_writer import PROGRESS_NAME, ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
+from ._remote_output import publish_output, stage_output
 from ._run_record import check_resume_options
 from ._samples import check_names, check_sample, check_sample_bytes, sample_arrays
 from ._sources import Source
@@ -102,8 +104,16 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
                   workers: int = 1, resume: bool = False, overwrite: bool = False,
                   names: Sequence[str] | None = None, progress: bool = True, layout: str | None = None,
                   quality: int | None = None, subsampling: str | None = None, prefer: str = "balanced",
-                  lossy_ok: bool = False, client: Any = None) -> Manifest:
+                  lossy_ok: bool = False, client: Any = None, storage_options: Mapping[str, Any] | None = None,
+                  cache_dir: str | os.PathLike | None = None) -> Manifest:
     """Write every sample of ``source`` as a shard dataset in ``out_dir`` and return its manifest.
+
+    ``out_dir`` may be a URL of object storage (``s3://``, ``gs://``, ``az://``; needs
+    ``fastload[remote]``): the dataset is written into a staging directory under ``cache_dir``
+    (default: fastload's cache) and then published, shards first and the manifest last, so a
+    reader never sees it half written (docs/remote.md, "Writing to object storage").
+    ``storage_options`` as for ``ShardLoader``. A URL that already holds a dataset needs
+    ``overwrite=True`` (or ``resume=True``).
 
     ``source``: a map-style or iterable torch ``Dataset``, a HuggingFace
     ``datasets.Dataset`` or ``IterableDataset``, or any iterable of samples. A
@@ -132,6 +142,17 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     stay 1 (ArgumentError otherwise). ClusterError when Dask's
     ``distributed`` is not installed or the scheduler is lost.
     """
+    if isinstance(out_dir, str) and is_remote(out_dir):
+        staging, storage = stage_output(out_dir, storage_options, cache_dir, overwrite, resume)
+        manifest = write_dataset(source, staging, codec=codec, level=level, samples_per_shard=samples_per_shard,
+                                 shard_size=shard_size, workers=workers, resume=resume, overwrite=False, names=names,
+                                 progress=progress, layout=layout, quality=quality, subsampling=subsampling,
+                                 prefer=prefer, lossy_ok=lossy_ok, client=client)
+        publish_output(staging, out_dir, storage, progress)
+        return manifest
+    if storage_options is not None or cache_dir is not None:
+        raise ArgumentError(f"storage_options and cache_dir are for an output in object storage (s3://, gs://, "
+                            f"az://), not the local path {os.fspath(out_dir)!r}")
     names = check_names(names)
     check_codecs(codec, None)  # the field names are checked once the first sample gives them
     used = {codec} if isinstance(codec, str) else set(codec.values())

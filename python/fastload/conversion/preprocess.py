@@ -34,6 +34,7 @@ from ..format._dtypes import NUMPY_DTYPES, dtype_name
 from ..format._manifest import MANIFEST_NAME
 from ..format._record import Field
 from ..format._splits import SPLITS_NAME, write_splits
+from ..storage import is_remote
 from ._auto import PREFERENCES, Choice, choose_codec, sample_indices
 from ._cli_options import UsageError, check_options, parse_hw, parse_size
 from ._dask_map import CONNECT_TIMEOUT_S, check_client, connect, describe
@@ -53,6 +54,7 @@ from ._preprocess_plan import (
     warn_lopsided_classes,
     warn_no_tiles,
 )
+from ._remote_output import publish_output, stage_output
 from ._run_record import check_resume_options
 from ._sources import Source, SourceError, classes_without_val, find_images, labels_from_dirs, split_by_source
 
@@ -72,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", "--data_dir", dest="data_dir", required=True, type=Path,
                    help="folder of .png/.jpg/.tif/.npy files, searched recursively")
-    p.add_argument("--output-dir", "--output_dir", dest="output_dir", required=True, type=Path)
+    p.add_argument("--output-dir", "--output_dir", dest="output_dir", required=True, type=_output_location,
+                   help="a directory, or a URL of object storage (s3://, gs://, az://; needs fastload[remote], "
+                        "credentials from the environment): written in a staging directory, then published")
     labels = p.add_mutually_exclusive_group()
     labels.add_argument("--labels", type=Path, help="CSV of 'relative path,label' rows (a header row is detected)")
     labels.add_argument("--labels-from-dirs", action="store_true", help="one sub-folder per class")
@@ -200,6 +204,11 @@ def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+def _output_location(text: str) -> Path | str:
+    """Return --output-dir as a Path, or as the URL it is (a Path would fold its ``//``)."""
+    return text if is_remote(text) else Path(text)
+
+
 def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
     """Run preprocess_tiles for parsed arguments; return one result per written dataset.
 
@@ -211,6 +220,8 @@ def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
     Raises ClusterError when Dask's ``distributed`` is missing or the scheduler
     does not answer.
     """
+    if isinstance(args.output_dir, str):  # a URL: written in a staging directory, then published
+        return _run_to_url(args, client, args.output_dir)
     check_options(args)
     data_dir: Path = args.data_dir.resolve() if args.data_dir.exists() else args.data_dir
     option_doc = _option_doc(args)
@@ -229,6 +240,26 @@ def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
     finally:
         if own_client is not None:
             own_client.close()
+
+
+def _run_to_url(args: argparse.Namespace, client: Any, url: str) -> list[WriteResult]:
+    """Run into the staging directory of ``url`` and publish it there (``conversion/_remote_output.py``).
+
+    The manifests record --data-dir as an absolute path: relative to a staging directory it would
+    mean nothing at the URL.
+    """
+    try:
+        staging, storage = stage_output(url, None, None, args.overwrite, args.resume)
+    except FileExistsError as err:
+        raise UsageError(f"{err}; or pass --resume to continue an interrupted run") from None
+    args.output_dir, args.overwrite, saved = staging, False, args.absolute_source_root
+    args.absolute_source_root = True
+    try:
+        results = run(args, client)
+    finally:
+        args.output_dir, args.absolute_source_root = url, saved
+    publish_output(staging, url, storage, progress=True)
+    return results
 
 
 def _run(args: argparse.Namespace, client: Any, data_dir: Path, option_doc: dict[str, Any], sources: list[Source],
@@ -402,6 +433,8 @@ def _summary(results: list[WriteResult], elapsed: float) -> str:
 
 def _output_complete(args: argparse.Namespace) -> bool:
     """Return whether the output is whole: its manifest, or with splits the root's splits.json (written last)."""
+    if isinstance(args.output_dir, str):  # a URL: whether its publication ended is not known here
+        return False
     if args.val_fraction is not None:
         return (args.output_dir / SPLITS_NAME).exists()
     return (args.output_dir / MANIFEST_NAME).exists()

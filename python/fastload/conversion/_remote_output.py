@@ -1,0 +1,41 @@
+"""A conversion's output in object storage: where it is staged, and its publication (``storage/_publish.py``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..storage import RemoteSpec, redact
+from ..storage._publish import finish_publish, publish, remote_dataset_exists, staging_dir
+
+
+def stage_output(url: str, storage_options: Mapping[str, Any] | None, cache_dir: str | os.PathLike | None,
+                 overwrite: bool, resume: bool) -> tuple[Path, Any]:
+    """Check the output ``url`` and return (the staging directory to write into, its storage options).
+
+    A URL holding a dataset is refused unless ``overwrite`` or ``resume`` (FileExistsError, as for a
+    local directory). Without ``resume`` the staging directory starts empty; with it, an interrupted
+    run's shards and journal there are continued.
+    """
+    spec = RemoteSpec.build(storage_options, cache_dir, None)
+    if not (overwrite or resume) and remote_dataset_exists(url, spec.storage_options):
+        raise FileExistsError(f"{redact(url)}: holds a dataset (pass overwrite=True / --overwrite to replace it)")
+    staging = staging_dir(spec.cache_dir, url)
+    if not resume and staging.exists():
+        shutil.rmtree(staging)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    return staging, spec.storage_options
+
+
+def publish_output(staging: Path, url: str, storage: Any, progress: bool) -> None:
+    """Publish the dataset written in ``staging`` to ``url`` (shards, then manifests) and delete the staging."""
+    start = time.perf_counter()
+    sent = publish(staging, url, storage)
+    if progress:
+        seconds = max(time.perf_counter() - start, 1e-9)
+        print(f"published {redact(url)}: {sent / 1e6:.1f} MB in {seconds:.1f} s ({sent / 1e6 / seconds:.1f} MB/s)")
+    finish_publish(staging)

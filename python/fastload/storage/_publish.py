@@ -1,0 +1,92 @@
+"""Writing a dataset to object storage: converted into a local staging directory, then published.
+
+A conversion whose output is a URL (``write_dataset(source, "s3://bucket/out")``, ``preprocess_tiles
+--output-dir s3://...``) writes exactly as it writes a local directory, into a staging directory
+under the cache (``<cache_dir>/publish/<name>-<hash of the URL>``, :func:`staging_dir`), so the bytes
+are those of a local run and ``resume`` works as locally (the staging directory keeps the journal).
+:func:`publish` then uploads it:
+
+1. any manifest or ``splits.json`` already at the URL is deleted first (``overwrite``): from then
+   on the old dataset no longer looks complete, and no reader mixes its manifest with new shards;
+2. every shard (every file but the manifests and ``splits.json``), each a single PUT or, above
+   obstore's part size, a multipart upload, which the store makes visible only when it completes
+   (object stores have no rename: an object appears whole or not at all); each is then checked by
+   its size (HEAD);
+3. the manifests last (each split's, then ``splits.json``): a reader never sees a manifest whose
+   shards are not all there.
+
+A failed request is retried by obstore (bounded, as for reads), then a RemoteError names the URL. An
+interrupted publish leaves no manifest at the URL: the dataset looks incomplete, and a rerun (with
+``resume``) uploads again what the staging directory holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import RemoteError
+from ..format._manifest import MANIFEST_NAME
+from ..format._splits import SPLITS_NAME
+from ._client import RemoteRoot, StorageOptions, _obstore
+from ._urls import redact
+
+_LAST = (MANIFEST_NAME, SPLITS_NAME)  # uploaded after every other file, splits.json after the manifests
+
+
+def staging_dir(cache_dir: Path, url: str) -> Path:
+    """Return the local directory where the dataset for ``url`` is written before it is published."""
+    shown = redact(url).split("://", 1)[-1]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", shown).strip("-.")[-48:] or "dataset"
+    return cache_dir / "publish" / f"{name}-{hashlib.sha256(redact(url).rstrip('/').encode()).hexdigest()[:16]}"
+
+
+def remote_dataset_exists(url: str, options: StorageOptions) -> bool:
+    """Return whether ``url`` holds a dataset (a manifest or ``splits.json``)."""
+    root = RemoteRoot(url, options)
+    return root.exists(MANIFEST_NAME) or root.exists(SPLITS_NAME)
+
+
+def publish(local: Path, url: str, options: StorageOptions) -> int:
+    """Upload the dataset written in ``local`` to ``url``: shards first, manifests last; return the bytes sent."""
+    obstore = _obstore()
+    root = RemoteRoot(url, options)
+    files = sorted((p for p in local.rglob("*") if p.is_file() and not _hidden(p.relative_to(local))),
+                   key=lambda p: (p.name in _LAST, p.name == SPLITS_NAME, len(p.relative_to(local).parts), str(p)))
+    if not any(p.name in _LAST for p in files):
+        raise RemoteError(f"{local}: no manifest to publish to {redact(url)} (the conversion did not finish)")
+    for name in (SPLITS_NAME, MANIFEST_NAME, *[p.relative_to(local).as_posix() for p in files
+                                               if p.name == MANIFEST_NAME]):
+        if root.exists(name):  # the old dataset stops looking complete before any of its files changes
+            _delete(root, obstore, name)
+    sent = 0
+    for path in files:
+        name = path.relative_to(local).as_posix()
+        size = path.stat().st_size
+        _put(root, obstore, name, path)
+        stored = root.size(name)
+        if stored != size:
+            raise RemoteError(f"{root.url_of(name)}: {stored} bytes stored after the upload of {size}")
+        sent += size
+    return sent
+
+
+def finish_publish(local: Path) -> None:
+    """Delete the staging directory of a dataset published whole."""
+    shutil.rmtree(local, ignore_errors=True)
+
+
+def _delete(root: RemoteRoot, obstore: Any, name: str) -> None:
+    root.call(name, "DELETE", lambda: obstore.delete(root.store, name))
+
+
+def _put(root: RemoteRoot, obstore: Any, name: str, path: Path) -> None:
+    """Upload ``path`` as ``name``: one PUT, or a multipart upload above obstore's part size (5 MB)."""
+    root.call(name, "PUT", lambda: obstore.put(root.store, name, path))
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)

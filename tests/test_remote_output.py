@@ -1,0 +1,169 @@
+"""Conversion into object storage: write_dataset and preprocess_tiles with an s3:// output (moto on 127.0.0.1).
+
+The promise: the published objects are byte for byte the files of a local run with the same options, the
+manifest appears last (an interrupted publish leaves no manifest: the dataset looks incomplete, and a
+rerun completes it), an existing dataset is replaced only when asked, and what is published reads back
+as the local copy does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_remote import BUCKET, batches, s3, same  # noqa: F401  (s3: the module's server fixture)
+
+import fastload
+from fastload.errors import ArgumentError, RemoteError
+
+
+def samples(n: int = 300):
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 255, (n, 3, 16, 16), dtype=np.uint8)
+    return [{"image": images[i], "label": np.int64(i % 5)} for i in range(n)]
+
+
+def objects(client, prefix: str) -> dict[str, bytes]:
+    listing = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/").get("Contents", [])
+    return {o["Key"].split("/", 1)[1]: client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
+            for o in listing}
+
+
+def test_write_dataset_to_a_url_publishes_the_local_bytes_and_reads_back(s3, tmp_path):  # noqa: F811
+    _, client, options = s3
+    kwargs = {"codec": "zstd", "samples_per_shard": 64, "progress": False}
+    local = tmp_path / "local"
+    fastload.write_dataset(samples(), local, **kwargs)
+    url = f"s3://{BUCKET}/out-a"
+    manifest = fastload.write_dataset(samples(), url, storage_options=options, cache_dir=tmp_path / "cache", **kwargs)
+    assert manifest.total == 300
+    stored = objects(client, "out-a")
+    written = {p.name: p.read_bytes() for p in local.iterdir() if p.is_file() and not p.name.startswith(".")}
+    shard_names = {n for n in written if n.endswith(".lmdb")}
+    assert set(stored) == set(written)
+    assert all(stored[n] == written[n] for n in shard_names)  # byte for byte
+    assert not list((tmp_path / "cache" / "publish").iterdir())  # the staging is gone once published
+    loader = fastload.ShardLoader(url, batch_size=50, shuffle=True, seed=3, storage_options=options,
+                                  cache_dir=tmp_path / "read")
+    assert same(batches(loader), batches(fastload.ShardLoader(str(local), batch_size=50, shuffle=True, seed=3)))
+
+
+def test_an_existing_dataset_is_replaced_only_when_asked(s3, tmp_path):  # noqa: F811
+    _, client, options = s3
+    url = f"s3://{BUCKET}/out-b"
+    common = {"samples_per_shard": 100, "progress": False, "storage_options": options, "cache_dir": tmp_path}
+    fastload.write_dataset(samples(200), url, **common)
+    with pytest.raises(FileExistsError, match="out-b: holds a dataset"):
+        fastload.write_dataset(samples(300), url, **common)
+    fastload.write_dataset(samples(300), url, overwrite=True, **common)
+    assert len(fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path / "read")) == 300
+    with pytest.raises(ArgumentError, match="storage_options and cache_dir are for an output in object storage"):
+        fastload.write_dataset(samples(10), tmp_path / "plain", samples_per_shard=5, storage_options=options)
+
+
+def test_an_interrupted_publish_leaves_no_manifest_and_a_resumed_run_completes_it(s3, tmp_path, monkeypatch):  # noqa: F811
+    _, client, options = s3
+    url = f"s3://{BUCKET}/out-c"
+    common = {"samples_per_shard": 50, "progress": False, "storage_options": options, "cache_dir": tmp_path}
+    fastload.write_dataset(samples(100), url, **common)  # an old version, to be replaced
+    import fastload.storage._publish as publish_module
+
+    real_put = publish_module._obstore().put
+    sent = []
+
+    def failing_put(store, name, data, *args, **kwargs):
+        if len(sent) == 3:
+            raise ConnectionError("the link went down")
+        sent.append(name)
+        return real_put(store, name, data, *args, **kwargs)
+
+    monkeypatch.setattr(publish_module._obstore(), "put", failing_put)
+    with pytest.raises(RemoteError, match="out-c/shard-00003.lmdb: PUT failed"):
+        fastload.write_dataset(samples(300), url, overwrite=True, **common)
+    monkeypatch.undo()
+    assert "manifest.json" not in objects(client, "out-c")  # the old manifest went first; the new one never came
+    with pytest.raises(RemoteError, match="not found"):
+        fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path / "read")
+    fastload.write_dataset(samples(300), url, resume=True, **common)
+    assert len(fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path / "read2")) == 300
+
+
+def s3_env(s3) -> dict[str, str]:  # noqa: F811
+    """The environment a user sets for an S3-compatible store (credentials never on the command line)."""
+    endpoint, _, options = s3
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": options["access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": options["secret_access_key"], "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true"}
+
+
+@pytest.fixture(scope="module")
+def image_dir(tmp_path_factory):
+    from conftest import smooth_images
+    from PIL import Image
+
+    d = tmp_path_factory.mktemp("images")
+    for c, name in enumerate(("cats", "dogs")):
+        (d / name).mkdir()
+        for i, image in enumerate(smooth_images(5, (3, 70, 90), seed=c)):
+            Image.fromarray(image.transpose(1, 2, 0)).save(d / name / f"{i}.png")
+    return d
+
+
+def preprocess(data, out: str, *extra: str, env=None):
+    from conftest import run_cli
+
+    return run_cli("preprocess_tiles", "--data-dir", str(data), "--output-dir", out, "--tile-size", "32",
+                   "--stride", "24", "--labels-from-dirs", "--codec", "zstd", "--shard-size", "20KB",
+                   "--val-fraction", "0.3", "--no-progress", *extra, env=env)
+
+
+def test_preprocess_tiles_to_a_url_with_splits_publishes_the_local_bytes(s3, tmp_path, image_dir):  # noqa: F811
+    _, client, options = s3
+    env = {**s3_env(s3), "FASTLOAD_CACHE_DIR": str(tmp_path / "cache")}
+    local = preprocess(image_dir, str(tmp_path / "local"))
+    remote = preprocess(image_dir, f"s3://{BUCKET}/tiles-out", env=env)
+    assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
+    assert "published s3://fastload-tests/tiles-out" in remote.stdout
+    assert options["secret_access_key"] not in remote.stdout + remote.stderr
+    stored = objects(client, "tiles-out")
+    written = {p.relative_to(tmp_path / "local").as_posix(): p.read_bytes()
+               for p in (tmp_path / "local").rglob("*") if p.is_file() and not p.name.startswith(".")}
+    assert set(stored) == set(written)
+    assert all(stored[n] == written[n] for n in written if n.endswith(".lmdb"))  # byte for byte
+    for split in ("train", "val"):
+        remote_ds = fastload.ShardDataset(f"s3://{BUCKET}/tiles-out", split=split, storage_options=options,
+                                          cache_dir=tmp_path / "read")
+        local_ds = fastload.ShardDataset(tmp_path / "local", split=split)
+        assert len(remote_ds) == len(local_ds) > 0
+        assert all(int(remote_ds[i]["label"]) == int(local_ds[i]["label"]) for i in range(len(local_ds)))
+    again = preprocess(image_dir, f"s3://{BUCKET}/tiles-out", env=env)
+    assert again.returncode == 2 and "holds a dataset" in again.stderr  # not replaced unless asked
+    assert preprocess(image_dir, f"s3://{BUCKET}/tiles-out", "--overwrite", env=env).returncode == 0
+
+
+def test_write_dataset_on_a_dask_cluster_to_a_url_publishes_the_one_machine_bytes(s3, tmp_path):  # noqa: F811
+    distributed = pytest.importorskip("distributed", reason="fastload[dask] (distributed) is not installed")
+    _, client, options = s3
+    kwargs = {"codec": "lz4", "samples_per_shard": 40, "progress": False}
+    fastload.write_dataset(samples(), tmp_path / "local", **kwargs)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as dask_client:
+        fastload.write_dataset(samples(), f"s3://{BUCKET}/dask-out", client=dask_client, storage_options=options,
+                               cache_dir=tmp_path / "cache", **kwargs)
+    stored = objects(client, "dask-out")
+    written = {p.name: p.read_bytes() for p in (tmp_path / "local").iterdir() if p.name.endswith(".lmdb")}
+    assert written and all(stored[n] == written[n] for n in written)
+
+
+def test_a_shard_larger_than_a_part_is_uploaded_in_parts_and_arrives_whole(s3, tmp_path):  # noqa: F811
+    """A 13 MB shard goes up as a multipart upload (obstore's parts are 5 MB); the object is the shard."""
+    _, client, options = s3
+    rng = np.random.default_rng(2)
+    big = [{"x": rng.integers(0, 255, 65536, dtype=np.uint8)} for _ in range(200)]
+    fastload.write_dataset(big, tmp_path / "local", samples_per_shard=200, progress=False)
+    fastload.write_dataset(big, f"s3://{BUCKET}/big-out", samples_per_shard=200, progress=False,
+                           storage_options=options, cache_dir=tmp_path / "cache")
+    shard = (tmp_path / "local" / "shard-00000.lmdb").read_bytes()
+    assert len(shard) > 10 << 20
+    head = client.head_object(Bucket=BUCKET, Key="big-out/shard-00000.lmdb")
+    assert "-" in head["ETag"]  # a multipart upload's ETag: "<md5 of the parts' md5s>-<parts>"
+    assert client.get_object(Bucket=BUCKET, Key="big-out/shard-00000.lmdb")["Body"].read() == shard
