@@ -152,9 +152,10 @@ def hold_shard(version: Path, file: str, size: int) -> FileLock | None:
 def window_bytes(version: Path) -> int | None:
     """Return the bytes a windowed version may hold, or None when it has room for all its shards."""
     try:
-        return int((version / WINDOW_NAME).read_text())
-    except (OSError, ValueError):
+        window = int((version / WINDOW_NAME).read_text(encoding="ascii"))
+    except (OSError, ValueError, UnicodeDecodeError):
         return None
+    return window if window > 0 else None  # damaged: the version is rewritten whole by the next open
 
 
 def _set_window(version: Path, window: int | None) -> None:

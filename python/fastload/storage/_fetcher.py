@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import RemoteError
 from ..format._manifest import ShardInfo
 from ._cache import DownloadStopped, NoRoom, fetch_shard, hold_shard, is_whole, shard_lock, window_bytes
@@ -55,6 +57,7 @@ class ShardFetcher:
         self._threads_wanted = max(1, threads)
         self._cond = threading.Condition()
         self._done = [is_whole(version / s.file, s.bytes) for s in shards]
+        self._sizes = np.array([s.bytes for s in shards], dtype=np.int64)
         self._errors: dict[int, BaseException] = {}
         self._running: set[int] = set()
         self._queue: list[int] = []  # shards to fetch, first needed first
@@ -289,24 +292,34 @@ class ShardFetcher:
     def _reserve(self, index: int, part: Path) -> bool:
         """Make room for shard ``index`` (a windowed version) and create its ``.part``; False: no room yet."""
         with self._cond:
-            needs = {j: self._next_need(j) for j in range(len(self._shards))}
+            plan, position = self._plan, self._position
+            waited = index in self._waited
             busy = set(self._running)
             releasers = [f for o, f in self._releasers if o() is not None]
+        needs: dict[int, float] = {}
+
+        def need(j: int) -> float:  # as _next_need, from the state read above (computed for the shards asked)
+            if j not in needs:
+                if plan is None:
+                    needs[j] = -1.0 if (j == index and waited) else math.inf
+                else:
+                    needs[j] = plan.next_need(j, position)
+            return needs[j]
+
         window = window_bytes(self._version)
-        if self._plan is not None and window is not None:
+        if plan is not None and window is not None:
             # Not further ahead than the room reaches: the shards read before it (and it) must fit, or it
             # would push out a shard needed sooner, or be pushed out itself before it is read.
-            horizon = needs[index]
-            if sum(s.bytes for j, s in enumerate(self._shards) if needs[j] <= horizon) > window:
+            if plan.bytes_needed_by(position, need(index), self._sizes) > window:
                 return False
-        evicted = reserve_room(self._version, self._shards, index, part, needs.__getitem__,
+        evicted = reserve_room(self._version, self._shards, index, part, need,
                                lambda j: all(release(j) for release in releasers), busy - {index})
         if evicted is None:
             return False
         with self._cond:
             for j in evicted:
                 self._done[j] = False
-                if needs[j] < math.inf and j not in self._queue:  # needed again later: fetched again then
+                if need(j) < math.inf and j not in self._queue:  # needed again later: fetched again then
                     self._queue.append(j)
             if self._plan is not None:
                 self._queue.sort(key=self._next_need)

@@ -48,6 +48,11 @@ class NeedPlan:
         self._batch = pairs % width
         self._starts = np.searchsorted(self._shard, np.arange(num_shards + 1))
 
+    def bytes_needed_by(self, position: int, horizon: float, sizes: np.ndarray) -> int:
+        """Return the bytes of the shards some batch in ``[position, horizon]`` reads (``sizes`` per shard)."""
+        mask = (self._batch >= position) & (self._batch <= horizon)
+        return int(sizes[np.unique(self._shard[mask])].sum())
+
     def next_need(self, shard: int, position: int) -> float:
         """Return the first batch at or after ``position`` that reads ``shard`` (inf: none)."""
         lo, hi = int(self._starts[shard]), int(self._starts[shard + 1])
@@ -76,14 +81,15 @@ def reserve_room(version: Path, shards: Sequence[ShardInfo], index: int, part: P
         if window is None:
             part.touch()
             return []
-        used = _held_bytes(version, shards)
-        if used + need > window:
-            _remove_stale_parts(version, shards, busy | {index})
-            used = _held_bytes(version, shards)
+        by_file = {shard.file: j for j, shard in enumerate(shards)}
+        used, present, parts = _held(version, shards, by_file)
+        if used + need > window and parts - busy - {index}:
+            _remove_stale_parts(version, shards, parts - busy - {index})
+            used, present, parts = _held(version, shards, by_file)
         evicted: list[int] = []
         if used + need > window:
             mine = next_need(index)
-            candidates = [j for j in range(len(shards)) if j != index and j not in busy
+            candidates = [j for j in present if j != index and j not in busy
                           and next_need(j) > mine and is_whole(version / shards[j].file, shards[j].bytes)]
             candidates.sort(key=lambda j: (-next_need(j), _mtime(version / shards[j].file)))
             for j in candidates:
@@ -105,29 +111,38 @@ def reserve_room(version: Path, shards: Sequence[ShardInfo], index: int, part: P
         return evicted
 
 
-def _held_bytes(version: Path, shards: Sequence[ShardInfo]) -> int:
-    """Return the bytes the version holds: its manifest, and each shard whole or reserved (a ``.part``) at full size.
+def _held(version: Path, shards: Sequence[ShardInfo], by_file: dict[str, int]) -> tuple[int, set[int], set[int]]:
+    """Return (the bytes the version holds, the shards whole there, the shards with a ``.part`` there).
 
-    Shard by shard, ``.part`` files before the whole file: a download renamed meanwhile (no lock is held
-    for the rename) is counted under one name or the other, never missed, as a listing of the directory
-    and a ``stat`` of each name could.
+    Its manifest counts, and each shard whole or reserved (a ``.part``, created at full size) at its
+    full size. Two listings of the directory, one after the other, united: a download renamed from
+    its ``.part`` name meanwhile (no lock is held for the rename) may be missed by the listing it
+    happens during, never by both. Costs a listing, not a ``stat`` per shard of the dataset.
     """
-    total = 0
+    present: set[int] = set()
+    parts: set[int] = set()
+    for _ in range(2):
+        try:
+            names = os.listdir(version)
+        except OSError:
+            names = []
+        for name in names:
+            base, dot_part, _ = name.partition(".part-")
+            j = by_file.get(base)
+            if j is not None:
+                (parts if dot_part else present).add(j)
+    total = sum(shards[j].bytes for j in present | parts)
     try:
         total += (version / MANIFEST_NAME).stat().st_size
     except OSError:
         pass
-    for shard in shards:
-        if next(version.glob(shard.file + ".part-*"), None) is not None or (version / shard.file).exists():
-            total += shard.bytes
-    return total
+    return total, present, parts
 
 
-def _remove_stale_parts(version: Path, shards: Sequence[ShardInfo], busy: set[int]) -> None:
-    """Delete the ``.part`` files of downloads that ended without cleaning up (their shard's lock is free)."""
-    for j, shard in enumerate(shards):
-        if j in busy:
-            continue
+def _remove_stale_parts(version: Path, shards: Sequence[ShardInfo], candidates: set[int]) -> None:
+    """Delete the ``.part`` files of ``candidates`` whose download ended without cleaning up (their lock is free)."""
+    for j in sorted(candidates):
+        shard = shards[j]
         parts = list(version.glob(shard.file + ".part-*"))
         if not parts:
             continue
