@@ -34,9 +34,24 @@ boto3 = pytest.importorskip("boto3")
 obstore = pytest.importorskip("obstore")
 
 BUCKET = "fastload-bench"
+WINDOW_SHARDS = 13  # the windowed benchmark's copy: a quarter of it holds 3 shards, shuffle_window=1
 REMOTE = [ds for ds in DATASETS if ds.name in ("small-raw", "tiles-raw", "tiles-zstd")]
 ROUNDS = {"rounds": 1, "warmup_rounds": 0} if QUICK else {"rounds": 3, "warmup_rounds": 0}
 THREADS = 8  # fastload.storage._fetcher.DOWNLOAD_THREADS
+
+
+WINDOWED = [ds for ds in REMOTE if ds.name == "small-raw"]
+
+
+def windowed_copy(ds) -> Path:
+    """Return a copy of ``ds`` in ``WINDOW_SHARDS`` shards (the quick set's fits one), written once."""
+    path = ds.path.with_name(f"{ds.path.name}-{WINDOW_SHARDS}shards")
+    if not (path / "manifest.json").exists():
+        source = fastload.ShardDataset(ensure(ds))
+        arrays = source.read_batch(range(len(source)))
+        fastload.write_arrays(path, {name: tensor.numpy() for name, tensor in arrays.items()},
+                              samples_per_shard=-(-len(source) // WINDOW_SHARDS), overwrite=True)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +65,12 @@ def s3():
                           region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
     urls = {}
-    for ds in REMOTE:
-        local = ensure(ds)
+    copies = [(ds.name, ensure(ds)) for ds in REMOTE] + [(f"{ds.name}-13", windowed_copy(ds)) for ds in WINDOWED]
+    for name, local in copies:
         for path in sorted(local.iterdir()):
             if path.is_file() and not path.name.startswith("."):
-                client.upload_file(str(path), BUCKET, f"{ds.name}/{path.name}")
-        urls[ds.name] = f"s3://{BUCKET}/{ds.name}"
+                client.upload_file(str(path), BUCKET, f"{name}/{path.name}")
+        urls[name] = f"s3://{BUCKET}/{name}"
     options = {"endpoint": endpoint, "access_key_id": "bench", "secret_access_key": "bench", "region": "us-east-1",
                "allow_http": True}
     yield options, urls
@@ -167,7 +182,6 @@ class CachePeak:
         self._thread.join()
 
 
-WINDOWED = [ds for ds in REMOTE if ds.name == "small-raw"]  # 13 shards: a quarter holds 3 (tiles: 3 shards in all)
 
 
 @pytest.mark.parametrize("phase", ["local", "remote-quarter"])
@@ -179,7 +193,7 @@ def test_remote_window_epoch(benchmark, s3, ds, phase):
     each round is a fresh loader over an empty cache; the GET floor is ``test_remote_get_floor``'s.
     """
     options, urls = s3
-    local_path = ensure(ds)
+    local_path = windowed_copy(ds)
     sizes = [p.stat().st_size for p in local_path.glob("*.lmdb")]
     limit = dataset_bytes(local_path) // 4
     window = max(1, limit // (2 * max(sizes)))
@@ -195,7 +209,7 @@ def test_remote_window_epoch(benchmark, s3, ds, phase):
         def make():
             if local is not None:
                 return local
-            return fastload.ShardLoader(urls[ds.name], storage_options=options, cache_limit=limit,
+            return fastload.ShardLoader(urls[f"{ds.name}-13"], storage_options=options, cache_limit=limit,
                                         cache_dir=cache[0], **kwargs)
 
         def epoch() -> None:
@@ -206,7 +220,7 @@ def test_remote_window_epoch(benchmark, s3, ds, phase):
                 run_epoch(make, result)
             peak = max(peak, watch.peak)
 
-        benchmark.group = f"remote-window-{ds.name}"
+        benchmark.group = f"remote-window-{ds.name}-13"
         with MemorySampler() as memory:
             benchmark.pedantic(epoch, **ROUNDS)
     assert result.samples == ds.count
