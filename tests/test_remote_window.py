@@ -237,3 +237,40 @@ def test_loaders_made_one_after_another_leave_no_callbacks_behind(big, s3, tmp_p
     live = fastload.ShardLoader(dataset, batch_size=100)
     next(iter(live))
     assert len(fetcher._listeners) == 1 and len(fetcher._releasers) == 1
+
+
+def test_a_killed_reader_leaves_nothing_the_next_one_trusts_or_counts_for_long(big, s3, tmp_path):  # noqa: F811
+    """kill -9 mid-epoch (downloads in flight, shards held): the next process reads every batch right, within the
+    limit; the dead one's reserved .part files are cleaned when their room is needed."""
+    import os
+    import signal
+
+    local, url = big
+    _, largest = shard_bytes(local)
+    cache = tmp_path / "cache"
+    limit = 4 * largest + 8192
+    script = (
+        "import fastload, pickle, sys\n"
+        "options = pickle.loads(bytes.fromhex(sys.argv[1]))\n"
+        f"loader = fastload.ShardLoader({url!r}, batch_size=16, shuffle=True, shuffle_window=2, seed=2,\n"
+        f"    storage_options=options, cache_dir={str(cache)!r}, cache_limit={limit})\n"
+        "for i, b in enumerate(loader):\n"
+        "    if i == 20:\n"
+        "        print('reading', flush=True)\n"
+        "        import time; time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, pickle.dumps(s3[2]).hex()], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "reading", proc.stderr.read()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()  # reaped, its pipes closed
+    version = next(cache.rglob("manifest.json")).parent
+    stale = version / "shard-00003.lmdb.part-999999-1-1"  # and one a crashed download left at full size
+    with open(stale, "wb") as f:
+        f.truncate(largest)
+    watch = CacheWatch(cache)
+    loader = fastload.ShardLoader(url, batch_size=16, shuffle=True, shuffle_window=2, seed=2, storage_options=s3[2],
+                                  cache_dir=cache, cache_limit=limit)
+    expected = fastload.ShardLoader(str(local), batch_size=16, shuffle=True, shuffle_window=2, seed=2)
+    assert same(batches(loader), batches(expected))
+    assert watch.stop() <= limit  # the stale reservations count toward the limit until their room is needed
+    assert not stale.exists()
