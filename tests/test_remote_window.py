@@ -272,5 +272,6 @@ def test_a_killed_reader_leaves_nothing_the_next_one_trusts_or_counts_for_long(b
                                   cache_dir=cache, cache_limit=limit)
     expected = fastload.ShardLoader(str(local), batch_size=16, shuffle=True, shuffle_window=2, seed=2)
     assert same(batches(loader), batches(expected))
-    assert watch.stop() <= limit  # the stale reservations count toward the limit until their room is needed
+    # the .part made here without room for it may put the cache a shard over until its room is needed
+    assert watch.stop() <= limit + largest
     assert not stale.exists()
