@@ -23,7 +23,7 @@ import torch
 from test_remote import batches, s3, same, upload  # noqa: F401  (s3: the module's server fixture)
 
 import fastload
-from fastload.errors import ArgumentError
+from fastload.errors import ArgumentError, RemoteError
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +275,25 @@ def test_a_killed_reader_leaves_nothing_the_next_one_trusts_or_counts_for_long(b
     # the .part made here without room for it may put the cache a shard over until its room is needed
     assert watch.stop() <= limit + largest
     assert not stale.exists()
+
+
+def test_a_server_that_dies_mid_epoch_of_a_windowed_dataset_is_a_typed_error_soon(big, tmp_path):
+    """Shards come and go in a windowed epoch, so a dead server meets a reader soon: a RemoteError naming the URL,
+    within the retries' bound, never a hang or a short epoch."""
+    from test_remote import mortal_server, short_retries
+
+    local, _ = big
+    _, largest = shard_bytes(local)
+    server, endpoint, url = mortal_server(local, "window-dies")
+    loader = fastload.ShardLoader(url, batch_size=16, shuffle=True, shuffle_window=1, seed=1,
+                                  storage_options=short_retries(endpoint), cache_dir=tmp_path,
+                                  cache_limit=2 * largest + 8192)
+    delivered = 0
+    with pytest.raises(RemoteError, match="s3://fastload-tests/window-dies/shard-"):
+        for _ in loader:
+            delivered += 1
+            if delivered == 3:
+                server.stop()
+                started = time.monotonic()
+    assert 3 <= delivered < 50  # 800 samples are 50 batches: the epoch did not end short and silently
+    assert time.monotonic() - started < 60
