@@ -167,3 +167,37 @@ def test_a_shard_larger_than_a_part_is_uploaded_in_parts_and_arrives_whole(s3, t
     head = client.head_object(Bucket=BUCKET, Key="big-out/shard-00000.lmdb")
     assert "-" in head["ETag"]  # a multipart upload's ETag: "<md5 of the parts' md5s>-<parts>"
     assert client.get_object(Bucket=BUCKET, Key="big-out/shard-00000.lmdb")["Body"].read() == shard
+
+
+def test_resume_and_overwrite_at_a_url_behave_as_for_a_directory(s3, tmp_path, monkeypatch):  # noqa: F811
+    """resume=True on a finished URL changes nothing; an interrupted, staged conversion is refused without resume
+    or overwrite; a new layout replaces an old one's manifests everywhere (none of the old splits stays visible)."""
+    _, client, options = s3
+    url = f"s3://{BUCKET}/out-d"
+    common = {"samples_per_shard": 50, "progress": False, "storage_options": options, "cache_dir": tmp_path}
+    fastload.write_dataset(samples(100), url, **common)
+    before = {o["Key"]: o["LastModified"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="out-d/")["Contents"]}
+    manifest = fastload.write_dataset(samples(100), url, resume=True, **common)
+    after = {o["Key"]: o["LastModified"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="out-d/")["Contents"]}
+    assert manifest.total == 100 and before == after  # complete already: nothing written again
+
+    import fastload.storage._publish as publish_module
+
+    def no_publish(*args, **kwargs):
+        raise KeyboardInterrupt  # the conversion is staged, then interrupted before its publication
+
+    monkeypatch.setattr("fastload.conversion._remote_output.publish", no_publish)
+    with pytest.raises(KeyboardInterrupt):
+        fastload.write_dataset(samples(200), url, overwrite=True, **common)
+    monkeypatch.undo()
+    with pytest.raises(FileExistsError, match="interrupted conversion to it is staged"):
+        fastload.write_dataset(samples(200), url, **common)
+    assert fastload.write_dataset(samples(200), url, resume=True, **common).total == 200
+    client.put_object(Bucket=BUCKET, Key="out-d/test/manifest.json", Body=b"{}")  # an older layout's split
+    client.put_object(Bucket=BUCKET, Key="out-d/splits.json", Body=b"{}")
+    fastload.write_dataset(samples(60), url, overwrite=True, **common)
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="out-d/")["Contents"]}
+    assert "out-d/test/manifest.json" not in keys and "out-d/splits.json" not in keys
+    assert sorted(k for k in keys if k.endswith(".lmdb")) == ["out-d/shard-00000.lmdb", "out-d/shard-00001.lmdb"]
+    assert len(fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path / "read")) == 60
+    assert publish_module.staging_dir(tmp_path, url).exists() is False

@@ -297,3 +297,41 @@ def test_a_server_that_dies_mid_epoch_of_a_windowed_dataset_is_a_typed_error_soo
                 started = time.monotonic()
     assert 3 <= delivered < 50  # 800 samples are 50 batches: the epoch did not end short and silently
     assert time.monotonic() - started < 60
+
+
+def test_a_windowed_dataset_in_a_concat_of_other_layouts_reads_its_share_of_each_batch(big, s3, tmp_path):  # noqa: F811
+    """A concat whose datasets store records differently reads a group per layout, in sub-batches of varying size:
+    the windowed group's plan counts its own batches, so its room is made and the batches are the local ones."""
+    local, url = big
+    _, largest = shard_bytes(local)
+    other = tmp_path / "zstd"
+    source = fastload.ShardDataset(local)
+    arrays = source.read_batch(range(len(source)))
+    fastload.write_arrays(other, {k: v.numpy() for k, v in arrays.items()}, codec={"image": "zstd"},
+                          samples_per_shard=50)
+    remote = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path / "cache",
+                                   cache_limit=4 * largest + 8192)
+    assert not fastload.concat([str(other), remote]).same_layout
+    kwargs = {"batch_size": 64, "shuffle": True, "shuffle_window": 2, "seed": 4}
+    got = fastload.ShardLoader(fastload.concat([str(other), remote]), **kwargs)
+    expected = fastload.ShardLoader(fastload.concat([str(other), str(local)]), **kwargs)
+    watch = CacheWatch(tmp_path / "cache")
+    started = time.monotonic()
+    assert same(batches(got), batches(expected))
+    assert time.monotonic() - started < 30  # no wait for room that never comes
+    assert watch.stop() <= 4 * largest + 8192
+
+
+def test_a_windowed_dataset_indexed_after_a_pass_makes_room_by_recent_use(big, s3, tmp_path):  # noqa: F811
+    """After a loader's pass the fetcher still has that pass's plan: a direct read of a shard outside it is read now,
+    not refused room for 60 s."""
+    local, url = big
+    _, largest = shard_bytes(local)
+    dataset = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path, cache_limit=2 * largest + 8192)
+    loader = fastload.ShardLoader(dataset, batch_size=50, shuffle=True, shuffle_window=1, seed=0, rank=0,
+                                  world_size=2)  # this rank's plan reads about half the shards
+    for _ in loader:
+        pass
+    started = time.monotonic()
+    assert [int(dataset[i]["label"]) for i in range(0, 800, 7)] == [i % 10 for i in range(0, 800, 7)]
+    assert time.monotonic() - started < 30

@@ -17,7 +17,7 @@ def test_next_need_is_the_first_batch_from_the_position_that_reads_the_shard(see
     rng = np.random.default_rng(seed)
     shards, batch = int(rng.integers(1, 12)), int(rng.integers(1, 9))
     reads = rng.integers(-1, shards, int(rng.integers(0, 200)))  # -1: another dataset's sample
-    plan = NeedPlan(reads, batch, shards)
+    plan = NeedPlan(reads, np.arange(len(reads)) // batch, shards)
     sizes = rng.integers(1, 100, shards)
     for shard in range(shards):
         for position in range(0, len(reads) // batch + 2):

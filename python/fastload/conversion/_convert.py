@@ -39,6 +39,7 @@ from ..format._codecs import default_options
 from ..format._manifest import MANIFEST_NAME, Manifest
 from ..format._record import Field, RecordEncoder
 from ..storage import is_remote
+from ..storage._publish import read_remote_manifest
 from ._array_writer import check_codecs, plan_field
 from ._auto import MAX_SAMPLES, PREFERENCES, Choice, sample_indices
 from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
@@ -144,6 +145,8 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     """
     if isinstance(out_dir, str) and is_remote(out_dir):
         staging, storage = stage_output(out_dir, storage_options, cache_dir, overwrite, resume)
+        if staging is None:  # resume=True, and the URL holds the finished dataset
+            return read_remote_manifest(out_dir, storage)
         manifest = write_dataset(source, staging, codec=codec, level=level, samples_per_shard=samples_per_shard,
                                  shard_size=shard_size, workers=workers, resume=resume, overwrite=False, names=names,
                                  progress=progress, layout=layout, quality=quality, subsampling=subsampling,

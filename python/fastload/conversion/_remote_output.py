@@ -14,18 +14,28 @@ from ..storage._publish import finish_publish, publish, remote_dataset_exists, s
 
 
 def stage_output(url: str, storage_options: Mapping[str, Any] | None, cache_dir: str | os.PathLike | None,
-                 overwrite: bool, resume: bool) -> tuple[Path, Any]:
+                 overwrite: bool, resume: bool) -> tuple[Path | None, Any]:
     """Check the output ``url`` and return (the staging directory to write into, its storage options).
 
-    A URL holding a dataset is refused unless ``overwrite`` or ``resume`` (FileExistsError, as for a
-    local directory). Without ``resume`` the staging directory starts empty; with it, an interrupted
-    run's shards and journal there are continued.
+    As for a local directory (FileExistsError): a URL holding a dataset is refused unless
+    ``overwrite``, and so is a conversion staged for it and interrupted, unless ``resume`` (which
+    continues it) or ``overwrite`` (which starts again). With ``resume``, a URL holding a dataset and
+    nothing staged is complete: the staging directory returned is None.
     """
     spec = RemoteSpec.build(storage_options, cache_dir, None)
-    if not (overwrite or resume) and remote_dataset_exists(url, spec.storage_options):
-        raise FileExistsError(f"{redact(url)}: holds a dataset (pass overwrite=True / --overwrite to replace it)")
     staging = staging_dir(spec.cache_dir, url)
-    if not resume and staging.exists():
+    staged = staging.exists() and any(staging.iterdir())
+    if not overwrite:
+        if staged and not resume:
+            raise FileExistsError(f"{redact(url)}: an interrupted conversion to it is staged in {staging} (pass "
+                                  "resume=True / --resume to continue it, or overwrite=True / --overwrite to start "
+                                  "again)")
+        if not staged and remote_dataset_exists(url, spec.storage_options):
+            if resume:
+                return None, spec.storage_options
+            raise FileExistsError(f"{redact(url)}: holds a dataset (pass overwrite=True / --overwrite to replace "
+                                  "it)")
+    if overwrite and staging.exists():
         shutil.rmtree(staging)
     staging.parent.mkdir(parents=True, exist_ok=True)
     return staging, spec.storage_options

@@ -34,7 +34,7 @@ from ..format._dtypes import NUMPY_DTYPES, dtype_name
 from ..format._manifest import MANIFEST_NAME
 from ..format._record import Field
 from ..format._splits import SPLITS_NAME, write_splits
-from ..storage import is_remote
+from ..storage import is_remote, redact
 from ._auto import PREFERENCES, Choice, choose_codec, sample_indices
 from ._cli_options import UsageError, check_options, parse_hw, parse_size
 from ._dask_map import CONNECT_TIMEOUT_S, check_client, connect, describe
@@ -251,7 +251,10 @@ def _run_to_url(args: argparse.Namespace, client: Any, url: str) -> list[WriteRe
     try:
         staging, storage = stage_output(url, None, None, args.overwrite, args.resume)
     except FileExistsError as err:
-        raise UsageError(f"{err}; or pass --resume to continue an interrupted run") from None
+        raise UsageError(str(err)) from None
+    if staging is None:  # --resume, and the URL holds the finished dataset
+        print(f"{redact(url)}: complete already; nothing to do")
+        return []
     args.output_dir, args.overwrite, saved = staging, False, args.absolute_source_root
     args.absolute_source_root = True
     try:

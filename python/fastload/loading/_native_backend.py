@@ -11,6 +11,7 @@ may be written again, after every copy queued from it has completed.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import weakref
@@ -312,6 +313,9 @@ class NativeEpoch:
             reader, self._reader = self._reader, None
             if reader is not None:
                 reader.close()
+            gate = getattr(self, "_gate", None)
+            if gate is not None and not sys.is_finalizing():  # no batch in flight: other processes may evict
+                gate.let_go()
             self._buffers.clear()
             pool, self._pool = getattr(self, "_pool", None), None
             slots = getattr(self, "_slots", None)

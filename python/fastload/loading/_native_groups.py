@@ -79,7 +79,7 @@ class GroupedNativeEpoch:
             self._sizes.append(len(idx))
         for group, shard_set in enumerate(shard_sets):
             if isinstance(shard_set, RemoteShardSet) and sub[group]:  # fetch in the order the batches read
-                shard_set.want(np.concatenate(sub[group]), len(sub[group][0]))
+                shard_set.want(np.concatenate(sub[group]), len(sub[group][0]), [len(x) for x in sub[group]])
         self._epochs: list[NativeEpoch | None] = [
             NativeEpoch(shard_sets[group], concat.datasets[groups[group][0]], len(sub[group]), batch_size,
                         sub[group].__getitem__, settings, fingerprints=_fingerprints(concat, groups[group]))

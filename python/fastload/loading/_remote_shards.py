@@ -56,29 +56,36 @@ def shards_missing(datasets: Sequence[ShardDataset]) -> bool:
                for ds in datasets)
 
 
-def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray, batch_size: int) -> None:
+def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray, batch_size: int,
+                batch_sizes: Sequence[int] | None = None) -> None:
     """Have each remote dataset fetch the shards ``indices`` read (global over ``datasets``), first needed first.
 
     The shards of the first batch (``indices[:batch_size]``) get the link to themselves until one
     of them is whole (``ShardFetcher.want``'s ``first``). A windowed dataset's fetcher also gets the
     plan (which batch reads which shard) it evicts by; a batch whose shards alone do not fit its
-    window is a RemoteError now, before the pass.
+    window is a RemoteError now, before the pass. ``batch_sizes``: the size of each batch when they
+    differ (a group's share of a concat's batches), else every batch holds ``batch_size``.
     """
     if not any(is_remote_dataset(ds) for ds in datasets):
         return
     starts = shard_starts(datasets)
     shard_of = np.searchsorted(starts, np.asarray(indices, dtype=np.int64), side="right") - 1
+    if batch_sizes is None:
+        batch_of = np.arange(len(shard_of), dtype=np.int64) // max(1, int(batch_size))
+    else:
+        batch_of = np.repeat(np.arange(len(batch_sizes), dtype=np.int64), np.asarray(batch_sizes, dtype=np.int64))
     offset = 0
     for ds in datasets:
         count = len(ds.manifest.shards)
         if is_remote_dataset(ds) and ds._cached.fetcher.windowed:  # type: ignore[union-attr]
             local = np.where((shard_of >= offset) & (shard_of < offset + count), shard_of - offset, -1)
-            plan = NeedPlan(local, batch_size, count)
+            plan = NeedPlan(local, batch_of, count)
             check_batches_fit(ds, plan)
             ds._cached.fetcher.plan(plan)  # type: ignore[union-attr]
         offset += count
     order = shard_need_order(starts, indices)
-    urgent = set(shard_need_order(starts, indices[:batch_size]).tolist())
+    first_batch = batch_size if batch_sizes is None else (int(batch_sizes[0]) if len(batch_sizes) else 0)
+    urgent = set(shard_need_order(starts, indices[:first_batch]).tolist())
     offset = 0
     for ds in datasets:
         count = len(ds.manifest.shards)
@@ -101,6 +108,7 @@ def check_cache_fits(datasets: Sequence[ShardDataset], shuffle: bool, sampling: 
         window = ds._cached.window if is_remote_dataset(ds) else None  # type: ignore[union-attr]
         if window is None:
             continue
+        window -= (ds.path / "manifest.json").stat().st_size  # the room for shards (the manifest counts in it)
         full = sum(s.bytes for s in ds.manifest.shards)
         largest = max(s.bytes for s in ds.manifest.shards)
         fits = window // (2 * largest)
@@ -185,9 +193,9 @@ class RemoteShardSet:
             first += len(ds.manifest.shards)
         self._fetchers = list({id(f): f for _, f in self._parts if f is not None}.values())
 
-    def want(self, indices: np.ndarray, batch_size: int) -> None:
+    def want(self, indices: np.ndarray, batch_size: int, batch_sizes: Sequence[int] | None = None) -> None:
         """Fetch the shards ``indices`` read, in the order of first need (the rank's epoch, in batches)."""
-        fetch_ahead(self.datasets, indices, batch_size)
+        fetch_ahead(self.datasets, indices, batch_size, batch_sizes)
 
     def at(self, position: int) -> None:
         """Say batch ``position`` of the pass is submitted next (windowed datasets evict what comes later).
@@ -257,6 +265,11 @@ class RemoteShardSet:
             self.native.attach(s, str(fetcher.path(local)))
         return True
 
+    def let_go(self) -> None:
+        """Detach every windowed shard this set holds (a pass ended: none is read until the next one)."""
+        for s in list(self._holds):
+            self.release(s)
+
     def release(self, s: int) -> bool:
         """Detach shard ``s`` and drop its hold, unless a batch in flight reads it (False)."""
         with self._attaching:
@@ -277,6 +290,7 @@ def check_batches_fit(dataset: ShardDataset, plan: NeedPlan) -> None:
     window = dataset._cached.window  # type: ignore[union-attr]
     if window is None:
         return
+    window -= (dataset.path / "manifest.json").stat().st_size  # the room for shards
     sizes = np.array([s.bytes for s in dataset.manifest.shards], dtype=np.int64)
     shards, batches = plan.pairs()
     if len(batches) == 0:

@@ -178,10 +178,18 @@ def committed_bytes(cache_dir: Path) -> int:
 
 
 def _promised(version: Path) -> int:
-    """Return the bytes a version may grow to: its shards' full size, or its window."""
+    """Return the bytes a version may grow to: its shards' full size and its own files, or its window."""
     window = window_bytes(version)
-    full = _full_size(version)
+    full = _full_size(version) + _meta_bytes(version)
     return full if window is None else min(full, window)
+
+
+def _meta_bytes(version: Path) -> int:
+    """Return the bytes of a version's own files: its manifest, and room for its ``.window``."""
+    try:
+        return (version / "manifest.json").stat().st_size + 32
+    except OSError:
+        return 32
 
 
 def _full_size(version: Path) -> int:
@@ -212,8 +220,8 @@ def make_room(cache_dir: Path, keep: Path, limit: int | None) -> int | None:
     if limit is None:
         _set_window(keep, None)
         return None
-    full = _full_size(keep)
-    largest = max((int(s) for s in _shard_sizes(keep)), default=0)
+    full = _full_size(keep) + _meta_bytes(keep)  # the shards and the version's own files (its manifest)
+    largest = max((int(s) for s in _shard_sizes(keep)), default=0) + _meta_bytes(keep)
 
     def others() -> int:  # every other version at what it may grow to
         return committed_bytes(cache_dir) - max(_tree_bytes(keep), _promised(keep))
@@ -238,7 +246,7 @@ def make_room(cache_dir: Path, keep: Path, limit: int | None) -> int | None:
         held = f"; {used} bytes are held by datasets in use" if used else ""
         raise RemoteError(f"cache {cache_dir}: cache_limit={limit} bytes{held}, which leaves {max(room, 0)} bytes "
                           f"for this dataset's {full} bytes of shards"
-                          + (f" (its largest shard is {largest} bytes; "
+                          + (f" (its largest shard and its manifest are {largest} bytes; "
                              "a dataset larger than its room is read a window of shards at a time, "
                              "which needs room for its largest shard at least)" if sys.platform != "win32" else
                              " (on Windows a dataset must fit its cache whole)")

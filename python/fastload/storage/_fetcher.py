@@ -44,7 +44,7 @@ from ._window import NeedPlan, reserve_room
 
 DOWNLOAD_THREADS = 8  # concurrent shard downloads (obstore releases the GIL)
 _WAIT_SLICE_S = 0.1  # a waiting thread wakes this often (Ctrl-C is handled between slices)
-_ROOM_RETRY_S = 0.02  # a download with no room tries again this often (or when a reader lets go of shards)
+_ROOM_RETRY_S = 0.05  # a download with no room tries again this often (or when a reader lets go of shards)
 ROOM_WAIT_S = 60.0  # a shard a reader waits for finds no room in a windowed version this long: an error
 
 
@@ -124,9 +124,15 @@ class ShardFetcher:
                                                                                          release)]
 
     def plan(self, plan: NeedPlan | None) -> None:
-        """Set when this process's epoch reads each shard (eviction goes by it); the reader is at batch 0."""
+        """Set when this process's epoch reads each shard (eviction goes by it); the reader is at batch 0.
+
+        Which shards are here is read again from the cache directory: other processes evict and fetch
+        shards of a windowed version, and a shard marked here that is gone would never be fetched ahead.
+        """
+        here = _whole_shards(self._version, self._shards)
         with self._cond:
             self._plan, self._position = plan, 0
+            self._done = [i in here for i in range(len(self._shards))]
             self._cond.notify_all()
 
     def at(self, position: int) -> None:
@@ -269,6 +275,7 @@ class ShardFetcher:
                 error = err
             with self._cond:
                 self._running.discard(index)
+                self._no_room_since.pop(index, None)  # fetched, or failed: no wait for room goes on
                 if error is None:
                     self._done[index] = True
                 else:
@@ -300,10 +307,9 @@ class ShardFetcher:
 
         def need(j: int) -> float:  # as _next_need, from the state read above (computed for the shards asked)
             if j not in needs:
-                if plan is None:
-                    needs[j] = -1.0 if (j == index and waited) else math.inf
-                else:
-                    needs[j] = plan.next_need(j, position)
+                needs[j] = math.inf if plan is None else plan.next_need(j, position)
+                if j == index and waited and needs[j] == math.inf:  # no plan, or not in it: read now
+                    needs[j] = -1.0
             return needs[j]
 
         window = window_bytes(self._version)
@@ -330,7 +336,11 @@ class ShardFetcher:
         """Put shard ``index`` back at the head of the queue and wait for the epoch to move on (no room yet)."""
         with self._cond:
             self._running.discard(index)
-            since = self._no_room_since.setdefault(index, time.monotonic())
+            if index in self._waited:  # the clock runs only while a reader waits for this shard
+                since = self._no_room_since.setdefault(index, time.monotonic())
+            else:
+                since = time.monotonic()
+                self._no_room_since.pop(index, None)
             if index in self._waited and time.monotonic() - since > ROOM_WAIT_S:
                 self._errors[index] = RemoteError(
                     f"{self._root.url_of(self._shards[index].file)}: no room in the cache for this shard for "
@@ -348,6 +358,15 @@ class ShardFetcher:
                 self._cond.wait(_ROOM_RETRY_S)
             finally:
                 self._room_waiters -= 1
+
+
+def _whole_shards(version: Path, shards: list[ShardInfo]) -> set[int]:
+    """Return the shards whole in ``version`` now (one listing, then a size check of those listed)."""
+    try:
+        names = set(os.listdir(version))
+    except OSError:
+        return set()
+    return {i for i, s in enumerate(shards) if s.file in names and is_whole(version / s.file, s.bytes)}
 
 
 _LIVE: weakref.WeakSet[ShardFetcher] = weakref.WeakSet()  # this process's fetchers, stopped at exit

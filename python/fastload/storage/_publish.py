@@ -13,7 +13,9 @@ are those of a local run and ``resume`` works as locally (the staging directory 
    (object stores have no rename: an object appears whole or not at all); each is then checked by
    its size (HEAD);
 3. the manifests last (each split's, then ``splits.json``): a reader never sees a manifest whose
-   shards are not all there.
+   shards are not all there;
+4. an older dataset's shards (``*.lmdb``) that the new one does not have are deleted; nothing else
+   under the URL is touched.
 
 A failed request is retried by obstore (bounded, as for reads), then a RemoteError names the URL. An
 interrupted publish leaves no manifest at the URL: the dataset looks incomplete, and a rerun (with
@@ -25,11 +27,13 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import RemoteError
-from ..format._manifest import MANIFEST_NAME
+from ..errors import DatasetError, RemoteError
+from ..format._manifest import MANIFEST_NAME, Manifest, load_manifest
+from ..format._manifest_check import MAX_MANIFEST_BYTES
 from ..format._splits import SPLITS_NAME
 from ._client import RemoteRoot, StorageOptions, _obstore
 from ._urls import redact
@@ -58,10 +62,8 @@ def publish(local: Path, url: str, options: StorageOptions) -> int:
                    key=lambda p: (p.name in _LAST, p.name == SPLITS_NAME, len(p.relative_to(local).parts), str(p)))
     if not any(p.name in _LAST for p in files):
         raise RemoteError(f"{local}: no manifest to publish to {redact(url)} (the conversion did not finish)")
-    for name in (SPLITS_NAME, MANIFEST_NAME, *[p.relative_to(local).as_posix() for p in files
-                                               if p.name == MANIFEST_NAME]):
-        if root.exists(name):  # the old dataset stops looking complete before any of its files changes
-            _delete(root, obstore, name)
+    for name in _manifests_at(root, obstore):  # the old dataset stops looking complete before a file changes
+        _delete(root, obstore, name)
     sent = 0
     for path in files:
         name = path.relative_to(local).as_posix()
@@ -71,12 +73,44 @@ def publish(local: Path, url: str, options: StorageOptions) -> int:
         if stored != size:
             raise RemoteError(f"{root.url_of(name)}: {stored} bytes stored after the upload of {size}")
         sent += size
+    uploaded = {p.relative_to(local).as_posix() for p in files}
+    for name in _listed(root, obstore):  # an older dataset's shards that this one does not have
+        if name.endswith(".lmdb") and name not in uploaded:
+            _delete(root, obstore, name)
     return sent
 
 
 def finish_publish(local: Path) -> None:
     """Delete the staging directory of a dataset published whole."""
     shutil.rmtree(local, ignore_errors=True)
+
+
+def _listed(root: RemoteRoot, obstore: Any) -> list[str]:
+    """Return the names of every object under the URL."""
+    def names() -> list[str]:
+        found = []
+        for batch in obstore.list(root.store):
+            found += [str(meta["path"]) for meta in batch]
+        return found
+
+    return root.call("", "LIST", names)
+
+
+def _manifests_at(root: RemoteRoot, obstore: Any) -> list[str]:
+    """Return every manifest and ``splits.json`` under the URL (an old layout's splits included), splits first."""
+    return sorted((n for n in _listed(root, obstore) if n.rsplit("/", 1)[-1] in _LAST),
+                  key=lambda n: (not n.endswith(SPLITS_NAME), n.count("/"), n))
+
+
+def read_remote_manifest(url: str, options: StorageOptions) -> Manifest:
+    """Return the manifest of the dataset at ``url`` (validated as a local one is)."""
+    data = RemoteRoot(url, options).read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    with tempfile.TemporaryDirectory(prefix="fastload-manifest-") as tmp:
+        Path(tmp, MANIFEST_NAME).write_bytes(data)
+        try:
+            return load_manifest(Path(tmp))
+        except DatasetError as err:
+            raise DatasetError(str(err).replace(tmp, redact(url))) from None
 
 
 def _delete(root: RemoteRoot, obstore: Any, name: str) -> None:

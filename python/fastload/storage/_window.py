@@ -34,13 +34,16 @@ from ._locks import FileLock
 class NeedPlan:
     """When one epoch (this process's batches) reads each shard of a version: for eviction by next need."""
 
-    def __init__(self, shard_of_sample: np.ndarray, batch_size: int, num_shards: int) -> None:
-        """Index the epoch's reads: ``shard_of_sample[k]`` is the shard read at position ``k``.
+    def __init__(self, shard_of_sample: np.ndarray, batch_of_sample: np.ndarray, num_shards: int) -> None:
+        """Index the epoch's reads: sample ``k`` reads shard ``shard_of_sample[k]`` in batch ``batch_of_sample[k]``.
 
-        -1 marks another dataset's sample; position ``k`` belongs to batch ``k // batch_size``.
+        Batches are numbered as the reader submits them (non-decreasing); a shard of -1 marks another
+        dataset's sample.
         """
         shards = np.asarray(shard_of_sample, dtype=np.int64)
-        batches = np.arange(len(shards), dtype=np.int64) // max(1, int(batch_size))
+        batches = np.asarray(batch_of_sample, dtype=np.int64)
+        if batches.shape != shards.shape:
+            raise ValueError("NeedPlan: one batch per sample")
         mine = shards >= 0
         width = int(batches[-1]) + 2 if len(batches) else 1
         pairs = np.unique(shards[mine] * width + batches[mine])
