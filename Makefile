@@ -13,12 +13,14 @@ ASAN_ENV     = PYTHONPATH=$(ASAN_SITE) LD_PRELOAD="$(ASAN_PRELOAD)" \
                ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
 # The tests that drive the native core (reading, decoding, transforms, hostile shards and parameters,
-# threads and process lifecycle): the sanitizer build runs them (ASAN_TESTS=tests: the whole suite),
+# threads and process lifecycle; remote_window.py last: its download threads idle out after the
+# lifecycle suites' thread counts are taken): the sanitizer build runs them (ASAN_TESTS=tests: the whole suite),
 # and the wheel's run adds none of the CLI, conversion or trainer tests the source build already ran.
-NATIVE_TESTS := $(addprefix tests/test_,alias.py augment.py binding.py codecs.py corruption.py damage.py remote_window.py \
+NATIVE_TESTS := $(addprefix tests/test_,alias.py augment.py binding.py codecs.py corruption.py damage.py \
     dataset.py device.py epochs.py exit_live_iterators.py format.py format_v2.py hostile_params.py \
     lifecycle.py lifecycle_hostile.py limits.py loader.py manifest_bounds.py native_stub.py order.py plan.py \
-    png_profile.py sampling.py shard_files.py state.py transforms.py truncation.py typed_errors.py verify.py)
+    png_profile.py sampling.py shard_files.py state.py transforms.py truncation.py typed_errors.py verify.py \
+    remote_window.py)
 ASAN_TESTS   ?= $(NATIVE_TESTS)
 # The wheel's own risks are its static C libraries and its toolchain: the codecs, the readers and the
 # SIGBUS guard, without the slowest lifecycle suites (FASTLOAD_PYTEST="tests -q" runs everything).
