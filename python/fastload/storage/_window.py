@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ArgumentError
 from ..format._manifest import MANIFEST_NAME, ShardInfo
 from ._cache import cache_lock, is_whole, window_bytes
 from ._locks import FileLock
@@ -43,7 +44,7 @@ class NeedPlan:
         shards = np.asarray(shard_of_sample, dtype=np.int64)
         batches = np.asarray(batch_of_sample, dtype=np.int64)
         if batches.shape != shards.shape:
-            raise ValueError("NeedPlan: one batch per sample")
+            raise ArgumentError("NeedPlan: one batch per sample")
         mine = shards >= 0
         width = int(batches[-1]) + 2 if len(batches) else 1
         pairs = np.unique(shards[mine] * width + batches[mine])
