@@ -75,3 +75,24 @@ def slow_reads(monkeypatch):
         monkeypatch.setattr(_native, "BatchReader", slow_reader_class(delay_us))
 
     return install
+
+
+@pytest.fixture(scope="session")
+def two_class_pngs(tmp_path_factory) -> Path:
+    """Ten 70x90 PNG images in two class folders (``cats``, ``dogs``), for preprocess_tiles runs."""
+    from PIL import Image
+
+    d = tmp_path_factory.mktemp("images")
+    for c, name in enumerate(("cats", "dogs")):
+        (d / name).mkdir()
+        for i, image in enumerate(smooth_images(5, (3, 70, 90), seed=c)):
+            Image.fromarray(image.transpose(1, 2, 0)).save(d / name / f"{i}.png")
+    return d
+
+
+def preprocess_two_classes(data: Path, out: str | Path, *extra: str, env: dict | None = None):
+    """Run preprocess_tiles over ``two_class_pngs``-like data into ``out`` (a directory or a URL): 32-pixel tiles,
+    zstd, 20 KB shards, a 0.3 validation split."""
+    return run_cli("preprocess_tiles", "--data-dir", str(data), "--output-dir", str(out), "--tile-size", "32",
+                   "--stride", "24", "--labels-from-dirs", "--codec", "zstd", "--shard-size", "20KB",
+                   "--val-fraction", "0.3", "--no-progress", *extra, env=env)

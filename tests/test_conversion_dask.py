@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli, smooth_images
-from PIL import Image
+from conftest import preprocess_two_classes
 
 import fastload
 from fastload.errors import ArgumentError, ArgumentTypeError, ClusterError, PreprocessError
@@ -241,19 +240,12 @@ def test_results_come_in_input_order_with_errors_in_place(client):
 
 
 @pytest.fixture(scope="module")
-def image_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("images")
-    for c, name in enumerate(("cats", "dogs")):
-        (d / name).mkdir()
-        for i, image in enumerate(smooth_images(5, (3, 70, 90), seed=c)):
-            Image.fromarray(image.transpose(1, 2, 0)).save(d / name / f"{i}.png")
-    return d
+def image_dir(two_class_pngs) -> Path:
+    return two_class_pngs
 
 
 def preprocess(data: Path, out: Path, *extra: str):
-    return run_cli("preprocess_tiles", "--data-dir", str(data), "--output-dir", str(out), "--tile-size", "32",
-                   "--stride", "24", "--labels-from-dirs", "--codec", "zstd", "--shard-size", "20KB",
-                   "--val-fraction", "0.3", "--no-progress", *extra)
+    return preprocess_two_classes(data, out, *extra)
 
 
 def test_preprocess_tiles_with_a_scheduler_address_is_byte_identical(tmp_path, image_dir, cluster):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import preprocess_two_classes
 from test_remote import BUCKET, batches, s3, same  # noqa: F401  (s3: the module's server fixture)
 
 import fastload
@@ -95,32 +96,12 @@ def s3_env(s3) -> dict[str, str]:  # noqa: F811
             "AWS_ALLOW_HTTP": "true"}
 
 
-@pytest.fixture(scope="module")
-def image_dir(tmp_path_factory):
-    from conftest import smooth_images
-    from PIL import Image
-
-    d = tmp_path_factory.mktemp("images")
-    for c, name in enumerate(("cats", "dogs")):
-        (d / name).mkdir()
-        for i, image in enumerate(smooth_images(5, (3, 70, 90), seed=c)):
-            Image.fromarray(image.transpose(1, 2, 0)).save(d / name / f"{i}.png")
-    return d
-
-
-def preprocess(data, out: str, *extra: str, env=None):
-    from conftest import run_cli
-
-    return run_cli("preprocess_tiles", "--data-dir", str(data), "--output-dir", out, "--tile-size", "32",
-                   "--stride", "24", "--labels-from-dirs", "--codec", "zstd", "--shard-size", "20KB",
-                   "--val-fraction", "0.3", "--no-progress", *extra, env=env)
-
-
-def test_preprocess_tiles_to_a_url_with_splits_publishes_the_local_bytes(s3, tmp_path, image_dir):  # noqa: F811
+def test_preprocess_tiles_to_a_url_with_splits_publishes_the_local_bytes(s3, tmp_path, two_class_pngs):  # noqa: F811
+    image_dir = two_class_pngs
     _, client, options = s3
     env = {**s3_env(s3), "FASTLOAD_CACHE_DIR": str(tmp_path / "cache")}
-    local = preprocess(image_dir, str(tmp_path / "local"))
-    remote = preprocess(image_dir, f"s3://{BUCKET}/tiles-out", env=env)
+    local = preprocess_two_classes(image_dir, str(tmp_path / "local"))
+    remote = preprocess_two_classes(image_dir, f"s3://{BUCKET}/tiles-out", env=env)
     assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
     assert "published s3://fastload-tests/tiles-out" in remote.stdout
     assert options["secret_access_key"] not in remote.stdout + remote.stderr
@@ -135,9 +116,9 @@ def test_preprocess_tiles_to_a_url_with_splits_publishes_the_local_bytes(s3, tmp
         local_ds = fastload.ShardDataset(tmp_path / "local", split=split)
         assert len(remote_ds) == len(local_ds) > 0
         assert all(int(remote_ds[i]["label"]) == int(local_ds[i]["label"]) for i in range(len(local_ds)))
-    again = preprocess(image_dir, f"s3://{BUCKET}/tiles-out", env=env)
+    again = preprocess_two_classes(image_dir, f"s3://{BUCKET}/tiles-out", env=env)
     assert again.returncode == 2 and "holds a dataset" in again.stderr  # not replaced unless asked
-    assert preprocess(image_dir, f"s3://{BUCKET}/tiles-out", "--overwrite", env=env).returncode == 0
+    assert preprocess_two_classes(image_dir, f"s3://{BUCKET}/tiles-out", "--overwrite", env=env).returncode == 0
 
 
 def test_write_dataset_on_a_dask_cluster_to_a_url_publishes_the_one_machine_bytes(s3, tmp_path):  # noqa: F811

@@ -292,9 +292,7 @@ class ShardFetcher:
                                reserve=lambda part: self._reserve(index, part))
 
     def _next_need(self, index: int) -> float:  # with self._cond held
-        if self._plan is None:  # no plan: what a reader waits for comes first, the rest by recent use
-            return -1.0 if index in self._waited else math.inf
-        return self._plan.next_need(index, self._position)
+        return _need(self._plan, self._position, index in self._waited, index)
 
     def _reserve(self, index: int, part: Path) -> bool:
         """Make room for shard ``index`` (a windowed version) and create its ``.part``; False: no room yet."""
@@ -307,9 +305,7 @@ class ShardFetcher:
 
         def need(j: int) -> float:  # as _next_need, from the state read above (computed for the shards asked)
             if j not in needs:
-                needs[j] = math.inf if plan is None else plan.next_need(j, position)
-                if j == index and waited and needs[j] == math.inf:  # no plan, or not in it: read now
-                    needs[j] = -1.0
+                needs[j] = _need(plan, position, j == index and waited, j)
             return needs[j]
 
         window = window_bytes(self._version)
@@ -358,6 +354,16 @@ class ShardFetcher:
                 self._cond.wait(_ROOM_RETRY_S)
             finally:
                 self._room_waiters -= 1
+
+
+def _need(plan: NeedPlan | None, position: int, waited: bool, index: int) -> float:
+    """Return when shard ``index`` is read next: the plan's batch from ``position`` on, inf for none.
+
+    A shard a reader waits for that the plan does not read from here on (no plan, or a read outside
+    it: a dataset indexed directly) is read now: -1, before every batch.
+    """
+    need = math.inf if plan is None else plan.next_need(index, position)
+    return -1.0 if waited and need == math.inf else need
 
 
 def _whole_shards(version: Path, shards: list[ShardInfo]) -> set[int]:
