@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,31 @@ def batches_equal(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tens
 
 
 def thread_count() -> int:
-    return len(os.listdir("/proc/self/task"))
+    """The threads of this process that have not begun to exit.
+
+    ``pthread_join`` returns once the kernel has released the thread's memory map, a moment before the thread
+    leaves ``/proc/self/task``: a loaded machine can list a joined thread for a while. A task whose ``statm`` reads
+    all zeros has no memory map, so it is past the point where its join returned, and is not counted. The count is
+    taken again for up to 0.2 s while it still changes, to cover the instant between the join and the map's release.
+    """
+    def live() -> int:
+        count = 0
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/statm") as statm:
+                    count += statm.read().split()[0] != "0"
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # gone between the listing and the read
+        return count
+
+    count, deadline = live(), time.monotonic() + 0.2
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        again = live()
+        if again == count:
+            return count
+        count = again
+    return count
 
 
 def run_cli(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
