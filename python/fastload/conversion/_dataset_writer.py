@@ -21,6 +21,7 @@ from ..format._record import FORMAT_VERSION
 from ._encode import encode_source
 from ._parallel import ordered_map
 from ._shard_writer import dataset_id, write_shard
+from ._source_files import source_stat
 from ._sources import Source
 
 PROGRESS_NAME = ".progress.json"
@@ -85,7 +86,7 @@ def _identity(job: WriteJob) -> str:
     lines = [json.dumps(job.provenance.get("options", {}), sort_keys=True)]
     if job.stamp is None:
         for s in job.sources:
-            size = os.stat(os.path.join(job.settings.data_dir, s.relpath)).st_size
+            size, _ = source_stat(job.settings, s.relpath)
             lines.append(f"{s.relpath}|{s.label}|{size}")
     return "\n".join(lines)
 
@@ -99,8 +100,8 @@ def _fingerprint(job: WriteJob) -> str:
         h.update(job.stamp.encode())
         return h.hexdigest()
     for s in job.sources:
-        st = os.stat(os.path.join(job.settings.data_dir, s.relpath))
-        h.update(f"{s.relpath}|{s.label}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        size, version = source_stat(job.settings, s.relpath)
+        h.update(f"{s.relpath}|{s.label}|{size}|{version}\n".encode())
     return h.hexdigest()
 
 
@@ -234,7 +235,7 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         tasks, metas = itertools.tee((job.tasks or (lambda p: _image_tasks(job, p)))(start))
         initializer, initargs = job.worker_init if job.worker_init is not None else (None, ())
         outcomes = ordered_map(job.encode, (args for _, _, args in tasks), workers, initializer, initargs,
-                               client=client)
+                               client=client, fresh_workers=getattr(job.settings, "remote", None) is not None)
         skipping = -1
         failures: list[str] = []
         for (index, first_tile, _), (records, error) in zip(metas, outcomes):
@@ -309,7 +310,7 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
                         dataset_id=ident)
     write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
     journal.path.unlink(missing_ok=True)
-    data_dir = getattr(job.settings, "data_dir", None)
     used = [src for src in job.sources if src.relpath not in skipped_paths]
-    source_bytes = sum(os.path.getsize(os.path.join(data_dir, s.relpath)) for s in used) if data_dir else 0
+    files = hasattr(job.settings, "data_dir")  # image sources (not a dataset's samples)
+    source_bytes = sum(source_stat(job.settings, s.relpath)[0] for s in used) if files else 0
     return WriteResult(manifest, source_bytes, manifest.total * record_bytes)

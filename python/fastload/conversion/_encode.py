@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,8 +9,10 @@ import numpy as np
 
 from ..errors import ImageReadError
 from ..format._record import Field, RecordEncoder
+from ..storage import RemoteFolder
 from ._casts import cast_checked
 from ._images import read_image
+from ._source_files import readable_source, source_name
 from ._tiling import cut_tile, tile_grid
 
 
@@ -34,12 +35,13 @@ class TileSpec:
 class EncodeSettings:
     """Everything a worker needs to encode a source image; picklable."""
 
-    data_dir: str
+    data_dir: str  # a local directory, or the URL of ``remote``
     fields: tuple[Field, ...]
     tiles: TileSpec
     layout: str = "chw"
     npy_layout: str = "auto"
     mode: str = "keep"
+    remote: RemoteFolder | None = None  # the folder in object storage the sources are read from
 
 
 def source_samples(settings: EncodeSettings, relpath: str, skip_tiles: int = 0) -> list[np.ndarray]:
@@ -47,9 +49,10 @@ def source_samples(settings: EncodeSettings, relpath: str, skip_tiles: int = 0) 
 
     Raises ImageReadError naming the file when it cannot be read or disagrees with the schema.
     """
-    path = os.path.join(settings.data_dir, relpath)
+    with readable_source(settings.data_dir, settings.remote, relpath) as path:
+        image = read_image(path, settings.npy_layout, settings.mode)
+    path = source_name(settings.data_dir, settings.remote, relpath)
     image_field = settings.fields[0]
-    image = read_image(path, settings.npy_layout, settings.mode)
     image = cast_checked(image, image_field.np_dtype, path)
     tile = settings.tiles.tile or (image.shape[0], image.shape[1])
     channels = image_field.shape[0] if settings.layout == "chw" else image_field.shape[2]

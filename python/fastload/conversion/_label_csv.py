@@ -18,6 +18,7 @@ silently took ``split`` as the label. The rules:
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 from ._sources import Source, SourceError, _some
@@ -69,16 +70,26 @@ def _columns(csv_path: Path, header: list[str] | None, width: int, path_column: 
     return path_i, label_i
 
 
-def labels_from_csv(csv_path: Path, data_dir: Path, relpaths: list[str], path_column: str | None = None,
-                    label_column: str | None = None) -> tuple[list[Source], list[str] | None]:
-    """Return one labelled Source per image in ``relpaths`` and the class names (None for integer labels)."""
+def labels_from_csv(csv_path: Path, data_dir: Path | str, relpaths: list[str], path_column: str | None = None,
+                    label_column: str | None = None,
+                    is_file: Callable[[str], bool] | None = None) -> tuple[list[Source], list[str] | None]:
+    """Return one labelled Source per image in ``relpaths`` and the class names (None for integer labels).
+
+    ``is_file(relpath)`` says whether the data folder holds a file (default: a file under the local
+    ``data_dir``; a folder in object storage passes its listing's).
+    """
+    if is_file is None:
+        folder = Path(data_dir)
+
+        def is_file(relpath: str) -> bool:
+            return (folder / relpath).is_file()
     rows = _read_rows(csv_path)
     if not rows:
         raise SourceError(f"{csv_path}: empty label file")
     first = rows[0][1]
     named = path_column is not None or label_column is not None
-    first_is_file = bool(first) and (data_dir / first[0].replace("\\", "/")).is_file()
-    second_is_file = len(rows) > 1 and bool(rows[1][1]) and (data_dir / rows[1][1][0].replace("\\", "/")).is_file()
+    first_is_file = bool(first) and is_file(first[0].replace("\\", "/"))
+    second_is_file = len(rows) > 1 and bool(rows[1][1]) and is_file(rows[1][1][0].replace("\\", "/"))
     header = first if named or (not first_is_file and (second_is_file or len(rows) == 1)) else None
     body = rows[1:] if header is not None else rows
     path_i, label_i = _columns(csv_path, header, max(len(r) for _, r in rows), path_column, label_column)
@@ -90,7 +101,7 @@ def labels_from_csv(csv_path: Path, data_dir: Path, relpaths: list[str], path_co
         path, label = row[path_i].replace("\\", "/"), row[label_i]
         if path in labels:
             raise SourceError(f"{csv_path} line {line_no}: {path} is labelled twice")
-        if not (data_dir / path).is_file():
+        if not is_file(path):
             raise SourceError(f"{csv_path} line {line_no}: {path} names a file missing from {data_dir}")
         if not label:
             raise SourceError(f"{csv_path} line {line_no}: {path} has an empty label")

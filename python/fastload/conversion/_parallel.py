@@ -25,7 +25,8 @@ WAIT_SLICE_S = 0.1
 
 def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
                 initializer: Callable[..., None] | None = None,
-                initargs: tuple = (), client: Any = None) -> Iterator[tuple[T | None, BaseException | None]]:
+                initargs: tuple = (), client: Any = None,
+                fresh_workers: bool = False) -> Iterator[tuple[T | None, BaseException | None]]:
     """Yield ``(result, None)`` or ``(None, exception)`` for each argument tuple, in input order.
 
     With a Dask ``client`` (a ``distributed.Client``) the tasks run on its
@@ -53,7 +54,9 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
     worker also dies with the process that started it, however that ends.
     ``initializer(*initargs)`` runs once in each worker process (once in this
     process when ``workers <= 1``), e.g. to hand every worker a dataset once
-    rather than with every task.
+    rather than with every task. With ``fresh_workers`` the workers are fresh
+    interpreters (``spawn``) rather than forks of this process: tasks that read
+    object storage need that, as obstore's runtime does not survive a fork.
     """
     if client is not None:
         yield from dask_ordered_map(client, fn, arg_tuples, initializer, initargs)
@@ -68,10 +71,10 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
                 yield None, err
         return
     window = 4 * workers
-    context = multiprocessing.get_context()
+    context = multiprocessing.get_context("spawn" if fresh_workers else None)
     # The kernel's parent-death signal follows the thread that forks: the main thread ends last.
     die_with_parent = (threading.current_thread() is threading.main_thread()
-                       and context.get_start_method() == "fork")
+                       and context.get_start_method() in ("fork", "spawn"))
     executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
                                    initargs=(os.getpid() if die_with_parent else None, initializer, initargs))
     pending: deque[Future[Any]] = deque()
@@ -165,9 +168,9 @@ def _keyboard_interrupt_deferred() -> Iterator[None]:
 def _start_worker(parent: int | None, initializer: Callable[..., None] | None, initargs: tuple) -> None:
     """Worker start: ignore SIGINT (the consumer handles Ctrl-C and kills the workers), then unblock it.
 
-    With ``parent`` (its process id, when it forked the worker) on Linux, the worker is killed when that
-    process ends, however it ends (SIGKILL, a crash): it must not live on blocked on the task queue,
-    holding the parent's pipes.
+    With ``parent`` (its process id, when it started the worker from its main thread) on Linux, the
+    worker is killed when that process ends, however it ends (SIGKILL, a crash): it must not live on
+    blocked on the task queue, holding the parent's pipes.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):

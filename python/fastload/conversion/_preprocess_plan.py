@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..storage import RemoteFolder
 from ._dataset_writer import PreprocessError
 from ._encode import TileSpec
 from ._images import ImageInfo, ImageReadError, probe_image
 from ._parallel import ordered_map
+from ._source_files import readable_source, source_name
 from ._sources import Source
 
 _LIST = 20
@@ -28,17 +30,27 @@ def listed(items: list[str]) -> str:
     return "\n  " + "\n  ".join(items[:_LIST]) + more
 
 
-def probe_all(data_dir: Path, sources: list[Source], npy_layout: str, mode: str, workers: int,
-              skip_bad: bool, client: Any = None) -> tuple[list[Source], list[ImageInfo], list[dict]]:
+def probe_source(data_dir: str, remote: RemoteFolder | None, relpath: str, npy_layout: str,
+                 mode: str) -> ImageInfo:
+    """Probe one source file (``probe_image``), read through a local copy when it is remote."""
+    with readable_source(data_dir, remote, relpath) as path:
+        return probe_image(path, npy_layout, mode)
+
+
+def probe_all(data_dir: str | Path, sources: list[Source], npy_layout: str, mode: str, workers: int,
+              skip_bad: bool, client: Any = None,
+              remote: RemoteFolder | None = None) -> tuple[list[Source], list[ImageInfo], list[dict]]:
     """Probe every source; return (readable sources, their infos, the unreadable ones).
 
-    The probes run in ``workers`` processes, or on a Dask ``client``'s cluster.
+    The probes run in ``workers`` processes, or on a Dask ``client``'s cluster; with ``remote`` (the
+    folder in object storage ``data_dir`` names) the local processes are fresh interpreters.
 
     Raises PreprocessError listing every unreadable file unless ``skip_bad``.
     """
     good, infos, bad = [], [], []
-    args = ((data_dir / s.relpath, npy_layout, mode) for s in sources)
-    for src, (info, err) in zip(sources, ordered_map(probe_image, args, workers, client=client)):
+    args = ((str(data_dir), remote, s.relpath, npy_layout, mode) for s in sources)
+    outcomes = ordered_map(probe_source, args, workers, client=client, fresh_workers=remote is not None)
+    for src, (info, err) in zip(sources, outcomes):
         if err is None:
             assert info is not None
             good.append(src)
@@ -48,7 +60,7 @@ def probe_all(data_dir: Path, sources: list[Source], npy_layout: str, mode: str,
         else:
             raise err
     if bad and not skip_bad:
-        lines = listed([f"{data_dir / b['path']}: {b['error']}" for b in bad])
+        lines = listed([f"{source_name(str(data_dir), remote, b['path'])}: {b['error']}" for b in bad])
         raise PreprocessError(f"{len(bad)} unreadable image(s); fix or remove them, or pass --skip-bad to skip "
                               f"them:{lines}")
     for b in bad:
@@ -100,7 +112,7 @@ def plan_split(name: str, sources: list[Source], info_of: dict[str, ImageInfo], 
     return SplitPlan(name, usable, counts, no_tiles, {s.relpath for s in sources})
 
 
-def check_not_empty(plan: SplitPlan, tiles: TileSpec, data_dir: Path) -> None:
+def check_not_empty(plan: SplitPlan, tiles: TileSpec, data_dir: str | Path) -> None:
     """Raise PreprocessError when the split would hold no samples, naming the images smaller than the tile."""
     what = f"split {plan.name!r}" if plan.name else "the output"
     if plan.samples:

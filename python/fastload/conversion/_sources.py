@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -29,15 +30,24 @@ def find_images(data_dir: Path) -> tuple[list[str], list[str]]:
         raise SourceError(f"{data_dir}: no such directory")
     if not data_dir.is_dir():
         raise SourceError(f"{data_dir}: not a directory")
-    images: list[str] = []
-    others: list[str] = []
+    found: list[str] = []
     for root, dirs, files in os.walk(data_dir):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            if name.startswith("."):
-                continue
-            rel = Path(root, name).relative_to(data_dir).as_posix()
-            (images if is_image_file(name) else others).append(rel)
+        found += [Path(root, name).relative_to(data_dir).as_posix() for name in files]
+    return sort_images(found)
+
+
+def sort_images(relpaths: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Return (image paths, other files) of a folder's relative ``/``-separated file paths, in sorted order.
+
+    Files and folders whose names start with ``.`` are left out, as ``find_images`` leaves them.
+    """
+    images: list[str] = []
+    others: list[str] = []
+    for rel in relpaths:
+        if any(part.startswith(".") for part in rel.split("/")):
+            continue
+        (images if is_image_file(rel) else others).append(rel)
     return sorted(images), sorted(others)
 
 

@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..errors import ClusterError, DatasetError
+from ..errors import ArgumentError, ClusterError, DatasetError
 from ..format._codecs import (
     CODECS,
     IMAGE_CODECS,
@@ -34,7 +35,7 @@ from ..format._dtypes import NUMPY_DTYPES, dtype_name
 from ..format._manifest import MANIFEST_NAME
 from ..format._record import Field
 from ..format._splits import SPLITS_NAME, write_splits
-from ..storage import is_remote, redact
+from ..storage import RemoteFolder, is_remote, redact
 from ._auto import PREFERENCES, Choice, choose_codec, sample_indices
 from ._cli_options import UsageError, check_options, parse_hw, parse_size
 from ._dask_map import CONNECT_TIMEOUT_S, check_client, connect, describe
@@ -56,7 +57,15 @@ from ._preprocess_plan import (
 )
 from ._remote_output import publish_output, stage_output
 from ._run_record import check_resume_options
-from ._sources import Source, SourceError, classes_without_val, find_images, labels_from_dirs, split_by_source
+from ._sources import (
+    Source,
+    SourceError,
+    classes_without_val,
+    find_images,
+    labels_from_dirs,
+    sort_images,
+    split_by_source,
+)
 
 __all__ = ["UsageError", "build_parser", "main", "parse_hw", "parse_size", "run"]
 
@@ -72,9 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of ``preprocess_tiles``."""
     p = argparse.ArgumentParser(prog="preprocess_tiles", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data-dir", "--data_dir", dest="data_dir", required=True, type=Path,
-                   help="folder of .png/.jpg/.tif/.npy files, searched recursively")
-    p.add_argument("--output-dir", "--output_dir", dest="output_dir", required=True, type=_output_location,
+    p.add_argument("--data-dir", "--data_dir", dest="data_dir", required=True, type=_location,
+                   help="folder of .png/.jpg/.tif/.npy files, searched recursively; or a URL of object storage "
+                        "(s3://, gs://, az://, https://; needs fastload[remote], credentials from the environment), "
+                        "each file read through a local copy")
+    p.add_argument("--output-dir", "--output_dir", dest="output_dir", required=True, type=_location,
                    help="a directory, or a URL of object storage (s3://, gs://, az://; needs fastload[remote], "
                         "credentials from the environment): written in a staging directory, then published")
     labels = p.add_mutually_exclusive_group()
@@ -172,8 +183,16 @@ def _rerun(argv: list[str] | None, flag: str, other_output: bool = False) -> str
     return shlex.join(["preprocess_tiles", *kept, *([] if other_output and flag == "--resume" else [flag])])
 
 
-def _sources_and_classes(args: argparse.Namespace, data_dir: Path) -> tuple[list[Source], list[str] | None]:
-    relpaths, others = find_images(data_dir)
+def _sources_and_classes(args: argparse.Namespace, data_dir: Path | str,
+                         remote: RemoteFolder | None) -> tuple[list[Source], list[str] | None]:
+    if remote is None:
+        assert isinstance(data_dir, Path)
+        relpaths, others = find_images(data_dir)
+        is_file = None
+    else:
+        listing = remote.list()
+        relpaths, others = sort_images(listing)
+        is_file = listing.__contains__
     if not relpaths:
         raise SourceError(f"{data_dir}: no images found (.png, .jpg, .jpeg, .tif, .tiff, .npy, .h5, .hdf5)")
     if others:
@@ -182,7 +201,7 @@ def _sources_and_classes(args: argparse.Namespace, data_dir: Path) -> tuple[list
     if args.labels_from_dirs:
         return labels_from_dirs(relpaths)
     if args.labels:
-        return labels_from_csv(args.labels, data_dir, relpaths, args.path_column, args.label_column)
+        return labels_from_csv(args.labels, data_dir, relpaths, args.path_column, args.label_column, is_file)
     return [Source(p) for p in relpaths], None
 
 
@@ -204,9 +223,29 @@ def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def _output_location(text: str) -> Path | str:
-    """Return --output-dir as a Path, or as the URL it is (a Path would fold its ``//``)."""
+def _location(text: str) -> Path | str:
+    """Return --data-dir or --output-dir as a Path, or as the URL it is (a Path would fold its ``//``)."""
     return text if is_remote(text) else Path(text)
+
+
+def _input_folder(args: argparse.Namespace) -> RemoteFolder | None:
+    """Return the folder in object storage --data-dir names (its URL checked, nothing requested), or None.
+
+    Python callers may set ``args.storage_options`` (as ``ShardLoader`` takes them); the command line
+    takes credentials and endpoints from the environment only.
+    """
+    if not isinstance(args.data_dir, str):
+        return None
+    if args.h5_dataset:
+        raise UsageError("--h5-dataset reads HDF5 stacks in place, which object storage does not allow; copy the "
+                         "files to a local or shared folder and pass that as --data-dir")
+    folder = RemoteFolder(args.data_dir, getattr(args, "storage_options", None))
+    try:
+        folder.root  # noqa: B018 (opens the store: checks the URL and the options, requests nothing)
+    except ArgumentError as err:
+        raise UsageError(f"--data-dir {err}") from None
+    folder.scratch = tempfile.mkdtemp(prefix="fastload-sources-")  # deleted by run() at the end
+    return folder
 
 
 def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
@@ -223,11 +262,25 @@ def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
     if isinstance(args.output_dir, str):  # a URL: written in a staging directory, then published
         return _run_to_url(args, client, args.output_dir)
     check_options(args)
-    data_dir: Path = args.data_dir.resolve() if args.data_dir.exists() else args.data_dir
-    option_doc = _option_doc(args)
-    if args.resume:
-        check_resume_options(args.output_dir, option_doc)
-    sources, classes = _sources_and_classes(args, data_dir)
+    remote = _input_folder(args)
+    try:
+        data_dir: Path | str = args.data_dir
+        if remote is None and args.data_dir.exists():
+            data_dir = args.data_dir.resolve()
+        option_doc = _option_doc(args)
+        if args.resume:
+            check_resume_options(args.output_dir, option_doc)
+        sources, classes = _sources_and_classes(args, data_dir, remote)
+        return _run_with_client(args, client, data_dir, option_doc, sources, classes, remote)
+    finally:
+        if remote is not None and remote.scratch is not None:
+            shutil.rmtree(remote.scratch, ignore_errors=True)
+
+
+def _run_with_client(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc: dict[str, Any],
+                     sources: list[Source], classes: list[str] | None,
+                     remote: RemoteFolder | None) -> list[WriteResult]:
+    """Run with ``client``, or with the Dask client of ``args.scheduler`` (connected here, closed at the end)."""
     own_client = None
     if client is None and getattr(args, "scheduler", None):
         timeout = args.scheduler_timeout if args.scheduler_timeout is not None else CONNECT_TIMEOUT_S
@@ -236,7 +289,7 @@ def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
         if client is not None:
             check_client(client)
             print(describe(client))
-        return _run(args, client, data_dir, option_doc, sources, classes)
+        return _run(args, client, data_dir, option_doc, sources, classes, remote)
     finally:
         if own_client is not None:
             own_client.close()
@@ -249,7 +302,8 @@ def _run_to_url(args: argparse.Namespace, client: Any, url: str) -> list[WriteRe
     mean nothing at the URL.
     """
     try:
-        staging, storage = stage_output(url, None, None, args.overwrite, args.resume)
+        staging, storage = stage_output(url, getattr(args, "storage_options", None), None, args.overwrite,
+                                        args.resume)
     except FileExistsError as err:
         raise UsageError(str(err)) from None
     if staging is None:  # --resume, and the URL holds the finished dataset
@@ -265,8 +319,8 @@ def _run_to_url(args: argparse.Namespace, client: Any, url: str) -> list[WriteRe
     return results
 
 
-def _run(args: argparse.Namespace, client: Any, data_dir: Path, option_doc: dict[str, Any], sources: list[Source],
-         classes: list[str] | None) -> list[WriteResult]:
+def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc: dict[str, Any],
+         sources: list[Source], classes: list[str] | None, remote: RemoteFolder | None) -> list[WriteResult]:
     _prepare_output(args.output_dir, args.overwrite, args.resume, getattr(args, "argv", None))
 
     labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
@@ -275,6 +329,7 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path, option_doc: dict
     if args.h5_dataset:
         if args.codec == "auto":
             raise UsageError("--codec auto works on images; name a codec with --h5-dataset")
+        assert isinstance(data_dir, Path)  # refused in object storage (_input_folder)
         stacks, probe_bad = probe_stacks(data_dir, sources, args.h5_dataset, args.h5_labels, args.workers,
                                          args.skip_bad, client)
         options = default_options(args.codec, args.level, None, args.quality, args.subsampling)
@@ -288,7 +343,7 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path, option_doc: dict
         plans = [stack_plan(name, part, stacks) for name, part in parts]
     else:
         good, infos, probe_bad = probe_all(data_dir, sources, args.npy_layout, args.mode, args.workers,
-                                           args.skip_bad, client)
+                                           args.skip_bad, client, remote)
         if not good:
             raise PreprocessError(f"{data_dir}: every image was unreadable")
         ref = check_consistent(good, infos, args.tile_size is not None, args.dtype)
@@ -301,7 +356,7 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path, option_doc: dict
         shape = (ref.channels, height, width) if layout == "chw" else (height, width, ref.channels)
         image_dtype = args.dtype or dtype_name(np.dtype(ref.dtype))
         if args.codec == "auto":
-            choice = _choose_codec(args, data_dir, good, Field("image", image_dtype, shape), tiles, layout)
+            choice = _choose_codec(args, data_dir, good, Field("image", image_dtype, shape), tiles, layout, remote)
             fields = (choice.field,)
         else:
             options = default_options(args.codec, args.level, layout if args.codec in IMAGE_CODECS else None,
@@ -312,7 +367,7 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path, option_doc: dict
                 raise UsageError(f"--codec {args.codec}: {err}") from None
         if labelled:
             fields += (Field("label", "int64", ()),)
-        settings = EncodeSettings(str(data_dir), fields, tiles, layout, args.npy_layout, args.mode)
+        settings = EncodeSettings(str(data_dir), fields, tiles, layout, args.npy_layout, args.mode, remote)
     for plan in plans:
         check_not_empty(plan, tiles, data_dir)
     for plan in plans:
@@ -370,19 +425,22 @@ def _class_name(label: int, classes: list[str] | None) -> str:
     return classes[label] if classes and 0 <= label < len(classes) else str(label)
 
 
-def _provenance(option_doc: dict[str, Any], data_dir: Path, split: str | None, out: Path,
+def _provenance(option_doc: dict[str, Any], data_dir: Path | str, split: str | None, out: Path,
                 absolute: bool = False) -> dict[str, Any]:
     return {"tool": f"fastload preprocess_tiles {__version__}", "options": option_doc,
             "source_root": _source_root(data_dir, out, absolute), "split": split or None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def _source_root(data_dir: Path, out: Path, absolute: bool) -> str:
+def _source_root(data_dir: Path | str, out: Path, absolute: bool) -> str:
     """Return --data-dir as the manifest in ``out`` records it.
 
     Relative to ``out`` (a shared dataset names no user's home), or absolute
-    when asked; from another drive (Windows), the folder's name only.
+    when asked; from another drive (Windows), the folder's name only; a URL as
+    it is, without user, password or query.
     """
+    if isinstance(data_dir, str):
+        return redact(data_dir)
     if absolute:
         return str(data_dir.resolve())
     try:
@@ -400,10 +458,10 @@ def _print_plans(plans: list[SplitPlan], classes: list[str] | None, labelled: bo
         print(line)
 
 
-def _choose_codec(args: argparse.Namespace, data_dir: Path, good: list[Source], raw_field: Field,
-                  tiles: TileSpec, layout: str) -> Choice:
+def _choose_codec(args: argparse.Namespace, data_dir: Path | str, good: list[Source], raw_field: Field,
+                  tiles: TileSpec, layout: str, remote: RemoteFolder | None) -> Choice:
     """Run --codec auto on tiles of up to AUTO_SOURCES images spread over the sorted sources."""
-    settings = EncodeSettings(str(data_dir), (raw_field,), tiles, layout, args.npy_layout, args.mode)
+    settings = EncodeSettings(str(data_dir), (raw_field,), tiles, layout, args.npy_layout, args.mode, remote)
     picks = np.unique(np.linspace(0, len(good) - 1, min(len(good), AUTO_SOURCES)).astype(int))
     samples = []
     for i in picks:

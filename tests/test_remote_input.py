@@ -1,0 +1,171 @@
+"""Conversion from object storage: preprocess_tiles --data-dir s3://... (moto on 127.0.0.1).
+
+The promise: the shards are byte for byte those of the same conversion from a local copy of the
+folder, for the local process pool and a Dask cluster; a bad file gets the local policy (an error
+naming its URL, or skipped with --skip-bad); a missing bucket, an empty prefix or a server that dies
+is a typed error naming the URL, never a credential, and nothing looks complete; an interrupted run
+resumes to the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import preprocess_two_classes, run_cli
+from test_remote import BUCKET, SECRET, mortal_server, s3, short_retries, upload  # noqa: F401  (s3: the fixture)
+from test_remote_output import objects, s3_env
+
+import fastload
+from fastload.conversion.preprocess import build_parser, run
+from fastload.errors import RemoteError
+
+
+@pytest.fixture(scope="module")
+def remote_pngs(s3, two_class_pngs):  # noqa: F811
+    """``two_class_pngs`` uploaded to the test bucket: its URL."""
+    _, client, _ = s3
+    return upload(client, two_class_pngs, "pngs-in")
+
+
+def shard_bytes(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*.lmdb"))}
+
+
+def manifest_without_run_fields(path: Path) -> dict:
+    doc = json.loads(path.read_text())
+    doc["provenance"].pop("created")
+    doc["provenance"].pop("source_root")
+    return doc
+
+
+def test_a_folder_in_object_storage_converts_to_the_local_bytes(s3, tmp_path, two_class_pngs, remote_pngs):  # noqa: F811
+    local = preprocess_two_classes(two_class_pngs, tmp_path / "local", "--workers", "2")
+    remote = preprocess_two_classes(remote_pngs, tmp_path / "remote", "--workers", "2", env=s3_env(s3))
+    assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
+    assert SECRET not in remote.stdout + remote.stderr
+    written = shard_bytes(tmp_path / "local")
+    assert len(written) > 2 and shard_bytes(tmp_path / "remote") == written
+    for split in ("train", "val"):
+        theirs = tmp_path / "remote" / split / "manifest.json"
+        assert manifest_without_run_fields(theirs) == manifest_without_run_fields(tmp_path / "local" / split /
+                                                                                  "manifest.json")
+        assert json.loads(theirs.read_text())["provenance"]["source_root"] == remote_pngs
+    assert "MB/s of source files" in remote.stdout
+
+
+def test_a_dask_cluster_converts_a_bucket_into_a_bucket_with_the_local_bytes(s3, tmp_path, two_class_pngs,  # noqa: F811
+                                                                             remote_pngs, monkeypatch):
+    """Workers take credentials from their own environment, as any Dask job reading a bucket does."""
+    distributed = pytest.importorskip("distributed", reason="fastload[dask] (distributed) is not installed")
+    _, client, _ = s3
+    env = {**s3_env(s3), "FASTLOAD_CACHE_DIR": str(tmp_path / "cache")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # inherited by the cluster's worker processes
+    assert preprocess_two_classes(two_class_pngs, tmp_path / "local").returncode == 0
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        done = preprocess_two_classes(remote_pngs, f"s3://{BUCKET}/from-dask", "--scheduler",
+                                      cluster.scheduler_address, env=env)
+    assert done.returncode == 0, done.stderr
+    stored = {n: b for n, b in objects(client, "from-dask").items() if n.endswith(".lmdb")}
+    assert stored == shard_bytes(tmp_path / "local")
+
+
+def test_a_bad_file_is_named_by_its_url_or_skipped(s3, tmp_path, two_class_pngs):  # noqa: F811
+    _, client, _ = s3
+    url = upload(client, two_class_pngs, "pngs-bad")
+    whole = (two_class_pngs / "cats" / "0.png").read_bytes()
+    client.put_object(Bucket=BUCKET, Key="pngs-bad/cats/9.png", Body=whole[: len(whole) // 2])
+    failed = preprocess_two_classes(url, tmp_path / "failed", env=s3_env(s3))
+    assert failed.returncode == 1
+    assert f"{url}/cats/9.png" in failed.stderr and "fastload-source-" not in failed.stderr
+    assert not list((tmp_path / "failed").rglob("manifest.json"))
+    skipped = preprocess_two_classes(url, tmp_path / "skipped", "--skip-bad", env=s3_env(s3))
+    assert skipped.returncode == 0, skipped.stderr
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "skipped").rglob("manifest.json")]
+    assert [s["path"] for m in manifests for s in m["skipped"]] == ["cats/9.png"]
+
+
+def test_missing_bucket_and_empty_prefix_are_errors_naming_the_url(s3, tmp_path):  # noqa: F811
+    missing = run_cli("preprocess_tiles", "--data-dir", "s3://no-such-bucket/images", "--output-dir",
+                      str(tmp_path / "a"), env=s3_env(s3))
+    assert missing.returncode == 1 and "s3://no-such-bucket" in missing.stderr
+    assert SECRET not in missing.stderr and "Traceback" not in missing.stderr
+    empty = run_cli("preprocess_tiles", "--data-dir", f"s3://{BUCKET}/nothing-here", "--output-dir",
+                    str(tmp_path / "b"), env=s3_env(s3))
+    assert empty.returncode == 1 and f"s3://{BUCKET}/nothing-here: no images found" in empty.stderr
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
+
+
+def test_labels_from_a_csv_and_hdf5_stacks(s3, tmp_path, remote_pngs, two_class_pngs):  # noqa: F811
+    csv = tmp_path / "labels.csv"
+    relpaths = sorted(p.relative_to(two_class_pngs).as_posix() for p in two_class_pngs.rglob("*.png"))
+    csv.write_text("path,label\n" + "".join(f"{p},{i % 3}\n" for i, p in enumerate(relpaths)))
+    out = tmp_path / "labelled"
+    done = run_cli("preprocess_tiles", "--data-dir", remote_pngs, "--output-dir", str(out), "--labels", str(csv),
+                   env=s3_env(s3))
+    assert done.returncode == 0, done.stderr
+    ds = fastload.ShardDataset(out)
+    assert [int(ds[i]["label"]) for i in range(len(ds))] == [i % 3 for i in range(len(relpaths))]
+    csv.write_text("path,label\ncats/0.png,0\ncats/missing.png,1\n")
+    wrong = run_cli("preprocess_tiles", "--data-dir", remote_pngs, "--output-dir", str(tmp_path / "w"), "--labels",
+                    str(csv), env=s3_env(s3))
+    assert wrong.returncode == 1 and "cats/missing.png names a file missing from" in wrong.stderr
+    stacks = run_cli("preprocess_tiles", "--data-dir", remote_pngs, "--output-dir", str(tmp_path / "h"),
+                     "--h5-dataset", "x", env=s3_env(s3))
+    assert stacks.returncode == 2 and "--h5-dataset" in stacks.stderr
+
+
+def test_an_interrupted_run_from_a_bucket_resumes_to_the_same_bytes(s3, tmp_path, two_class_pngs, remote_pngs):  # noqa: F811
+    out = tmp_path / "out"
+    assert preprocess_two_classes(two_class_pngs, tmp_path / "local").returncode == 0
+    args = ["--data-dir", remote_pngs, "--output-dir", str(out), "--tile-size", "32", "--stride", "24",
+            "--labels-from-dirs", "--codec", "zstd", "--shard-size", "20KB", "--val-fraction", "0.3", "--no-progress"]
+    env = {**s3_env(s3), "FASTLOAD_TEST_SHARD_DELAY": "1.0"}
+    proc = subprocess.Popen([sys.executable, "-m", "fastload.preprocess", *args], env={**os.environ,
+                            **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.rglob("shard-*.lmdb")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "--resume" in err and not (out / "splits.json").exists()
+    resumed = run_cli("preprocess_tiles", *args, "--resume", env=s3_env(s3))
+    assert resumed.returncode == 0, resumed.stderr
+    assert shard_bytes(out) == shard_bytes(tmp_path / "local")
+
+
+def test_a_server_that_dies_mid_conversion_is_a_typed_error_and_nothing_looks_complete(tmp_path, two_class_pngs,
+                                                                                       monkeypatch):
+    server, endpoint, url = mortal_server(two_class_pngs, "dying-pngs")
+    monkeypatch.setenv("FASTLOAD_TEST_SHARD_DELAY", "0.5")
+    out = tmp_path / "out"
+    args = build_parser().parse_args(["--data-dir", url, "--output-dir", str(out), "--tile-size", "32",
+                                      "--labels-from-dirs", "--shard-size", "10KB", "--no-progress"])
+    args.storage_options = short_retries(endpoint)
+
+    def stop_after_the_first_shard() -> None:
+        deadline = time.monotonic() + 120
+        while not list(out.glob("shard-*.lmdb")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        server.stop()
+
+    stopper = threading.Thread(target=stop_after_the_first_shard)
+    stopper.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(RemoteError, match="s3://fastload-tests/dying-pngs/"):
+            run(args)
+    finally:
+        stopper.join()
+    assert time.monotonic() - started < 90
+    assert list(out.glob("shard-*.lmdb")) and not (out / "manifest.json").exists()
