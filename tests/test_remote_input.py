@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,8 +25,10 @@ from test_remote import BUCKET, SECRET, mortal_server, s3, short_retries, upload
 from test_remote_output import objects, s3_env
 
 import fastload
+from fastload.conversion._preprocess_plan import probe_source
 from fastload.conversion.preprocess import build_parser, run
-from fastload.errors import RemoteError
+from fastload.errors import ImageReadError, RemoteError
+from fastload.storage import RemoteFolder
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +172,47 @@ def test_a_server_that_dies_mid_conversion_is_a_typed_error_and_nothing_looks_co
         stopper.join()
     assert time.monotonic() - started < 90
     assert list(out.glob("shard-*.lmdb")) and not (out / "manifest.json").exists()
+
+
+def test_folder_markers_hidden_files_and_odd_names_as_in_a_local_folder(s3, tmp_path, two_class_pngs):  # noqa: F811
+    """Consoles make empty "folder/" objects; keys may hold '#', spaces or names too long for a local file."""
+    _, client, _ = s3
+    local = tmp_path / "local-in"
+    shutil.copytree(two_class_pngs, local)
+    png = (two_class_pngs / "dogs" / "1.png").read_bytes()
+    odd = {"dogs/odd #1?.png": png, "cats/" + "n" * 300 + ".png": png, "cats/.hidden.png": b"not a png",
+           ".cache/x.png": b"not a png"}
+    url = upload(client, two_class_pngs, "pngs-odd")
+    for key, body in odd.items():
+        client.put_object(Bucket=BUCKET, Key=f"pngs-odd/{key}", Body=body)
+    for marker in ("pngs-odd/", "pngs-odd/cats/", "pngs-odd/dogs/"):
+        client.put_object(Bucket=BUCKET, Key=marker, Body=b"")
+    for key, body in odd.items():
+        if len(key) < 200:  # the long name cannot be a local file: the local copy has it under a short one
+            (local / key).parent.mkdir(exist_ok=True)
+            (local / key).write_bytes(body)
+    (local / "cats" / ("n" * 200 + ".png")).write_bytes(png)  # sorts where the long key does
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**s3_env(s3), "TMPDIR": str(scratch)}
+    remote = preprocess_two_classes(url, tmp_path / "remote", "--workers", "2", env=env)
+    assert remote.returncode == 0, remote.stderr
+    assert "ignoring" not in remote.stdout + remote.stderr  # no marker taken for a file
+    assert list(scratch.iterdir()) == []  # the copies and their directory are gone
+    theirs = [json.loads(p.read_text()) for p in sorted((tmp_path / "remote").rglob("manifest.json"))]
+    paths = sorted(s["path"] for m in theirs for s in m["sources"])
+    assert "dogs/odd #1?.png" in paths and len(paths) == 12
+    assert preprocess_two_classes(local, tmp_path / "mine").returncode == 0
+    mine = [json.loads(p.read_text()) for p in sorted((tmp_path / "mine").rglob("manifest.json"))]
+    assert [m["total"] for m in theirs] == [m["total"] for m in mine]
+
+
+def test_an_object_gone_since_the_listing_is_an_unreadable_file_named_by_its_url(s3, tmp_path, two_class_pngs):  # noqa: F811
+    _, client, options = s3
+    url = upload(client, two_class_pngs, "pngs-gone")
+    folder = RemoteFolder(url, options)
+    assert "cats/3.png" in folder.list()
+    client.delete_object(Bucket=BUCKET, Key="pngs-gone/cats/3.png")
+    with pytest.raises(ImageReadError, match=f"{url}/cats/3.png: not found"):
+        probe_source(url, folder, "cats/3.png", "auto", "keep")
+    assert probe_source(url, folder, "cats/2.png", "auto", "keep").height == 70

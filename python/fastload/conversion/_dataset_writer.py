@@ -131,8 +131,9 @@ class _Journal:
             raise DatasetError(f"{self.path}: unreadable progress file ({err}); start again with --overwrite") from None
         if doc.get("fingerprint") != self.fingerprint:
             raise DatasetError(f"{self.path.parent}: --resume with other options or changed source files than "
-                               "the interrupted run (a source file's size or modification time differs, or one "
-                               "was added or removed); restore them, or start again with --overwrite")
+                               "the interrupted run (a source file's size or modification time differs, or an "
+                               "object's size or ETag, or one was added or removed); restore them, or start again "
+                               "with --overwrite")
         out_dir = self.path.parent
         for entry in doc["shards"]:
             shard = out_dir / entry["file"]

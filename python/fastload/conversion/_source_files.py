@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from ..errors import ImageReadError
+from ..errors import ImageReadError, RemoteNotFoundError
 from ..storage import RemoteFolder
 
 
@@ -22,15 +22,21 @@ def readable_source(data_dir: str, remote: RemoteFolder | None, relpath: str) ->
     """Yield a local path holding the source ``relpath``: the file itself, or a copy of the remote object.
 
     An ImageReadError raised in the block about the copy is raised again naming the object's URL.
+    An object gone since the listing is an ImageReadError too, as a local file deleted meanwhile is
+    (``--skip-bad`` skips it); any other failure of the store stops the run (a RemoteError).
     """
     if remote is None:
         yield os.path.join(data_dir, relpath)
         return
-    with remote.local_copy(relpath) as copy:
+    url = remote.url_of(relpath)
+    with ExitStack() as stack:
+        try:
+            copy = stack.enter_context(remote.local_copy(relpath))
+        except RemoteNotFoundError:
+            raise ImageReadError(url, "not found: deleted since the folder was listed") from None
         try:
             yield str(copy)
         except ImageReadError as err:
-            url = remote.url_of(relpath)
             raise ImageReadError(url, err.reason.replace(str(copy), url)) from None
 
 

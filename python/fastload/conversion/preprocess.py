@@ -234,6 +234,8 @@ def _input_folder(args: argparse.Namespace) -> RemoteFolder | None:
     Python callers may set ``args.storage_options`` (as ``ShardLoader`` takes them); the command line
     takes credentials and endpoints from the environment only.
     """
+    if isinstance(args.data_dir, str) and not is_remote(args.data_dir):
+        args.data_dir = Path(args.data_dir)  # a Python caller's path given as a string
     if not isinstance(args.data_dir, str):
         return None
     if args.h5_dataset:

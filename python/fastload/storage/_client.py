@@ -121,8 +121,12 @@ class RemoteRoot:
             raise RemoteError(f"{redact(self.url)}: cannot open: {self._message(err)}") from None
 
     def url_of(self, relpath: str) -> str:
-        """Return the URL of ``relpath`` under this location (for messages: redacted)."""
-        return redact(join_url(self.url, relpath))
+        """Return the URL of ``relpath`` under this location, for messages: the location redacted, the key as it is.
+
+        Only the location is redacted: a key may hold ``#`` or ``?``, which redacting the whole URL
+        would cut off, naming another object.
+        """
+        return join_url(redact(self.url), relpath)
 
     def _message(self, err: BaseException) -> str:
         return scrub(str(err), self._secrets).splitlines()[0][:500] if str(err) else type(err).__name__

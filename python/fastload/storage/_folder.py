@@ -14,6 +14,7 @@ the local process pool starts fresh interpreters when its tasks read a remote fo
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -24,6 +25,11 @@ from typing import Any
 from ..errors import RemoteError, RemoteNotFoundError
 from ._client import RemoteRoot, StorageOptions, _obstore
 from ._urls import redact
+
+# The stores opened in this process, by (process id, URL, pickled options): bounded, and a forked
+# child (another process id) opens its own, as obstore's runtime does not survive a fork.
+_OPEN_STORES: dict[tuple[int, str, bytes], RemoteRoot] = {}
+_MAX_OPEN_STORES = 16
 
 
 @dataclass(frozen=True)
@@ -58,9 +64,20 @@ class RemoteFolder:
 
     @property
     def root(self) -> RemoteRoot:
-        """The store of this folder, opened on first use in this process."""
+        """The store of this folder, opened on first use in this process.
+
+        Each task gets its own unpickled folder: the store (an HTTP client, its connections, the
+        credentials it looked up) is kept per process in :data:`_OPEN_STORES`, so a worker's tasks
+        share one rather than opening one per file.
+        """
         if self._root is None:
-            self._root = RemoteRoot(self.url, self.options)
+            key = (os.getpid(), self.url, pickle.dumps(self.options))
+            self._root = _OPEN_STORES.get(key)
+            if self._root is None:
+                self._root = RemoteRoot(self.url, self.options)
+                if len(_OPEN_STORES) >= _MAX_OPEN_STORES:
+                    _OPEN_STORES.clear()
+                _OPEN_STORES[key] = self._root
         return self._root
 
     def url_of(self, relpath: str) -> str:
@@ -85,7 +102,13 @@ class RemoteFolder:
                     found[str(meta["path"])] = RemoteFile(int(meta["size"]), str(version))
             return found
 
-        self._listing = dict(sorted(root.call("", "LIST", listing).items()))
+        found = root.call("", "LIST", listing)
+        # Folder markers (empty objects named like a folder, which consoles create) are no files: the
+        # store lists "cats/" as "cats", and the prefix's own marker as "".
+        folders = {name.rsplit("/", 1)[0] for name in found if "/" in name}
+        folders |= {prefix for name in folders for prefix in _prefixes(name)}
+        self._listing = {name: meta for name, meta in sorted(found.items())
+                         if not (meta.size == 0 and (name == "" or name in folders))}
         return self._listing
 
     def stat(self, relpath: str) -> RemoteFile:
@@ -99,14 +122,15 @@ class RemoteFolder:
     def local_copy(self, relpath: str) -> Iterator[Path]:
         """Copy ``relpath`` into a temporary directory and yield its path; delete it afterwards.
 
-        The copy keeps the object's name (readers choose by suffix). It lies under ``scratch`` when
-        that directory exists in this process's machine: the driver that made it deletes it at the end,
-        also when it killed a worker in the middle of a copy. Raises RemoteError naming the URL when
-        the object cannot be read, or the local disk cannot hold it.
+        The copy is named ``source`` with the object's suffix (readers choose by suffix; a key's own
+        name may be longer than a local file's may be, or hold characters Windows refuses). It lies
+        under ``scratch`` when that directory exists in this process's machine: the driver that made it
+        deletes it at the end, also when it killed a worker in the middle of a copy. Raises RemoteError
+        naming the URL when the object cannot be read, or the local disk cannot hold it.
         """
         parent = self.scratch if self.scratch is not None and os.path.isdir(self.scratch) else None
         with tempfile.TemporaryDirectory(prefix="fastload-source-", dir=parent) as tmp:
-            path = Path(tmp, relpath.rsplit("/", 1)[-1] or "object")
+            path = Path(tmp, "source" + Path(relpath.rsplit("/", 1)[-1]).suffix)
             try:
                 with open(path, "wb") as out:
                     for chunk in self.root.stream(relpath):
@@ -116,3 +140,9 @@ class RemoteFolder:
                     from None
             yield path
 
+
+
+def _prefixes(name: str) -> list[str]:
+    """Return the folders above ``name`` ("a/b/c" -> ["a", "a/b"])."""
+    parts = name.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
