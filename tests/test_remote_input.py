@@ -9,6 +9,7 @@ resumes to the same bytes.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -216,3 +217,25 @@ def test_an_object_gone_since_the_listing_is_an_unreadable_file_named_by_its_url
     with pytest.raises(ImageReadError, match=f"{url}/cats/3.png: not found"):
         probe_source(url, folder, "cats/3.png", "auto", "keep")
     assert probe_source(url, folder, "cats/2.png", "auto", "keep").height == 70
+
+
+def test_a_plain_web_server_cannot_list_a_folder_and_the_error_says_why(tmp_path, two_class_pngs):
+    """obstore lists http(s):// through WebDAV; Python's http.server (no PROPFIND) refuses: a typed error naming it."""
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(two_class_pngs)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/cats"
+        args = build_parser().parse_args(["--data-dir", url, "--output-dir", str(tmp_path / "out"), "--no-progress"])
+        args.storage_options = {"allow_http": True, "max_retries": 0}
+        with pytest.raises(RemoteError, match=f"{url}.*PROPFIND"):
+            run(args)
+        assert not (tmp_path / "out").exists()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -102,7 +102,14 @@ class RemoteFolder:
                     found[str(meta["path"])] = RemoteFile(int(meta["size"]), str(version))
             return found
 
-        found = root.call("", "LIST", listing)
+        try:
+            found = root.call("", "LIST", listing)
+        except RemoteError as err:
+            if self.url.partition("://")[0].lower() not in ("http", "https"):
+                raise
+            raise type(err)(f"{err} (an http(s):// folder is listed with WebDAV's PROPFIND, which this server may "
+                            "not answer: name the folder by its store's own scheme, s3://, gs:// or az://, or copy "
+                            "it to a local or shared folder)") from None
         # Folder markers (empty objects named like a folder, which consoles create) are no files: the
         # store lists "cats/" as "cats", and the prefix's own marker as "".
         folders = {name.rsplit("/", 1)[0] for name in found if "/" in name}
