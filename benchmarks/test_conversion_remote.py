@@ -3,8 +3,9 @@
 Run: ``pytest benchmarks/test_conversion_remote.py --benchmark-only -s`` (``FASTLOAD_BENCH_QUICK=1``
 for a tiny run). The same folder of PNG scenes (3x512x512 uint8, smooth content) converted by
 ``preprocess_tiles`` (256-pixel tiles, zstd, ``--workers 2``) from its local path and from a moto S3
-server on 127.0.0.1, in a process of its own (``--data-dir s3://...``: the listing, then each probe and encode task copies
-its file), alternating, 3 rounds, best of each; the shards are compared byte for byte each round.
+server on 127.0.0.1, in a process of its own (``--data-dir s3://...``: the listing, then each probe
+and encode task copies its file), alternating, 3 rounds, best of each; the shards are compared byte
+for byte each round.
 Recorded: ``samples_per_s`` of the remote run, ``local_samples_per_s`` and ``ratio_to_local``.
 moto serves from one Python process on the same 2 cores: the ratio is an upper bound of the cost.
 Every source file is downloaded twice (its probe, then its encode task).
