@@ -112,8 +112,7 @@ class RemoteFolder:
                             "it to a local or shared folder)") from None
         # Folder markers (empty objects named like a folder, which consoles create) are no files: the
         # store lists "cats/" as "cats", and the prefix's own marker as "".
-        folders = {name.rsplit("/", 1)[0] for name in found if "/" in name}
-        folders |= {prefix for name in folders for prefix in _prefixes(name)}
+        folders = {prefix for name in found for prefix in _prefixes(name)}
         self._listing = {name: meta for name, meta in sorted(found.items())
                          if not (meta.size == 0 and (name == "" or name in folders))}
         return self._listing
