@@ -319,7 +319,7 @@ def test_a_scheduler_lost_mid_run_is_a_typed_error_and_no_manifest(tmp_path):
     import threading
 
     cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                       dashboard_address=None)
+                                       dashboard_address=":0")
     client = distributed.Client(cluster, set_as_default=False)
     stopper = threading.Timer(3.0, cluster.close)  # the scheduler (and its worker) go away mid-run
     start = time.monotonic()

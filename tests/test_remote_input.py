@@ -75,7 +75,7 @@ def test_a_dask_cluster_converts_a_bucket_into_a_bucket_with_the_local_bytes(s3,
         monkeypatch.setenv(key, value)  # inherited by the cluster's worker processes
     assert preprocess_two_classes(two_class_pngs, tmp_path / "local").returncode == 0
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None) as cluster:
+                                  dashboard_address=":0") as cluster:
         done = preprocess_two_classes(remote_pngs, f"s3://{BUCKET}/from-dask", "--scheduler",
                                       cluster.scheduler_address, env=env)
     assert done.returncode == 0, done.stderr

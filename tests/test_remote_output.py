@@ -127,7 +127,7 @@ def test_write_dataset_on_a_dask_cluster_to_a_url_publishes_the_one_machine_byte
     kwargs = {"codec": "lz4", "samples_per_shard": 40, "progress": False}
     fastload.write_dataset(samples(), tmp_path / "local", **kwargs)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as dask_client:
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as dask_client:
         fastload.write_dataset(samples(), f"s3://{BUCKET}/dask-out", client=dask_client, storage_options=options,
                                cache_dir=tmp_path / "cache", **kwargs)
     stored = objects(client, "dask-out")

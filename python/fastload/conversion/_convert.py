@@ -44,11 +44,13 @@ from ._array_writer import check_codecs, plan_field
 from ._auto import MAX_SAMPLES, PREFERENCES, Choice, sample_indices
 from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
 from ._dask_map import check_client, describe
-from ._dataset_writer import PROGRESS_NAME, ShardLimits, Task, WriteJob
+from ._dataset_writer import ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
-from ._remote_output import publish_output, stage_output
+from ._journal import PROGRESS_NAME
+from ._remote_output import direct_target, publish_output, stage_output
 from ._run_record import check_resume_options
 from ._samples import check_names, check_sample, check_sample_bytes, sample_arrays
+from ._shard_targets import RemoteShards
 from ._sources import Source
 
 CHUNK_BYTES = 8 << 20
@@ -72,6 +74,11 @@ def _encode_range(start: int, stop: int) -> list[bytes]:
     encoder = RecordEncoder(settings.fields)
     return [encoder.encode(check_sample(sample_arrays(dataset[i], i, settings.names), settings.fields, i))
             for i in range(start, stop)]
+
+
+def _range_piece(source: int, first: int, stop: int) -> tuple[int, int]:
+    """Return the arguments of ``_encode_range`` for samples ``first:stop`` (a map-style dataset is one source)."""
+    return (first, stop)
 
 
 def _encode_arrays(fields: tuple[Field, ...], samples: list[dict]) -> list[bytes]:
@@ -143,19 +150,29 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     stay 1 (ArgumentError otherwise). ClusterError when Dask's
     ``distributed`` is not installed or the scheduler is lost.
     """
+    options = dict(codec=codec, level=level, samples_per_shard=samples_per_shard, shard_size=shard_size,
+                   workers=workers, resume=resume, names=names, progress=progress, layout=layout, quality=quality,
+                   subsampling=subsampling, prefer=prefer, lossy_ok=lossy_ok, client=client)
     if isinstance(out_dir, str) and is_remote(out_dir):
         staging, storage = stage_output(out_dir, storage_options, cache_dir, overwrite, resume)
         if staging is None:  # resume=True, and the URL holds the finished dataset
             return read_remote_manifest(out_dir, storage)
-        manifest = write_dataset(source, staging, codec=codec, level=level, samples_per_shard=samples_per_shard,
-                                 shard_size=shard_size, workers=workers, resume=resume, overwrite=False, names=names,
-                                 progress=progress, layout=layout, quality=quality, subsampling=subsampling,
-                                 prefer=prefer, lossy_ok=lossy_ok, client=client)
+        target = direct_target(out_dir, storage, client)  # on a cluster the tasks upload the shards themselves
+        manifest = _write(source, staging, overwrite=False, target=target, **options)
         publish_output(staging, out_dir, storage, progress)
         return manifest
     if storage_options is not None or cache_dir is not None:
         raise ArgumentError(f"storage_options and cache_dir are for an output in object storage (s3://, gs://, "
                             f"az://), not the local path {os.fspath(out_dir)!r}")
+    return _write(source, out_dir, overwrite=overwrite, target=None, **options)
+
+
+def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str, str], level: int | None,
+           samples_per_shard: int | None, shard_size: str | None, workers: int, resume: bool, overwrite: bool,
+           names: Sequence[str] | None, progress: bool, layout: str | None, quality: int | None,
+           subsampling: str | None, prefer: str, lossy_ok: bool, client: Any,
+           target: RemoteShards | None) -> Manifest:
+    """``write_dataset`` into a local directory; the shards go to ``target`` when given (a URL's, on a cluster)."""
     names = check_names(names)
     check_codecs(codec, None)  # the field names are checked once the first sample gives them
     used = {codec} if isinstance(codec, str) else set(codec.values())
@@ -267,7 +284,8 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
                    tasks=map_tasks if map_style else iterable_tasks,
                    encode=_encode_range if map_style else _encode_arrays,
                    stamp=f"{kind}|{count}|{[f.to_json() for f in fields]}",
-                   worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample")
+                   worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample",
+                   piece=_range_piece if map_style else None, target=target)
     if client is not None and progress:
         print(describe(client))
     return write_job(job, workers, skip_bad=False, resume=resume, progress=progress, client=client).manifest

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,16 +16,19 @@ from typing import Any
 import xxhash
 from tqdm import tqdm
 
-from ..errors import DatasetError, FastloadError, ImageReadError, PreprocessError
-from ..format._manifest import MANIFEST_NAME, Manifest, ShardInfo, file_hash, write_json_atomic
+from ..errors import FastloadError, ImageReadError, PreprocessError
+from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import FORMAT_VERSION
 from ._encode import encode_source
+from ._journal import Journal
 from ._parallel import ordered_map
-from ._shard_writer import dataset_id, write_shard
+from ._planned_writer import write_planned
+from ._shard_plan import shard_capacity
+from ._shard_targets import TASKS_DIR, LocalShards, ShardTarget
+from ._shard_writer import dataset_id
 from ._source_files import source_stat
 from ._sources import Source
 
-PROGRESS_NAME = ".progress.json"
 _DELAY_ENV = "FASTLOAD_TEST_SHARD_DELAY"  # tests: seconds to sleep after each shard
 
 
@@ -49,7 +53,11 @@ class WriteJob:
     ``tasks`` (source index, first sample, encode arguments), their ``encode``
     function, and a ``stamp`` identifying their content for ``--resume``;
     ``tile_counts`` is None when the number of samples is unknown (an
-    iterable dataset).
+    iterable dataset). ``piece(source, first, stop)`` gives the encode
+    arguments for exactly those samples of one source: a job that has it can
+    have its shards written by tasks on a cluster (image sources have it by
+    default). ``target``: where the shards go (default: ``out_dir``, which
+    always holds the journal and the manifest).
     """
 
     out_dir: Path
@@ -65,6 +73,16 @@ class WriteJob:
     stamp: str | None = None
     worker_init: tuple[Callable[..., None], tuple] | None = None
     unit: str = "tile"
+    piece: Callable[[int, int, int], tuple] | None = None
+    target: ShardTarget | None = None
+
+    def __post_init__(self) -> None:
+        if self.tasks is None and self.piece is None:
+            self.piece = self._image_piece
+
+    def _image_piece(self, source: int, first: int, stop: int) -> tuple:
+        src = self.sources[source]
+        return (self.settings, src.relpath, src.label, first, stop)
 
 
 @dataclass
@@ -105,58 +123,6 @@ def _fingerprint(job: WriteJob) -> str:
     return h.hexdigest()
 
 
-class _Journal:
-    """The progress file of an unfinished dataset: completed shards and where each one ends."""
-
-    def __init__(self, out_dir: Path, fingerprint: str, options: dict[str, Any] | None = None) -> None:
-        self.path = out_dir / PROGRESS_NAME
-        self.fingerprint = fingerprint
-        self.options = options
-        self.entries: list[dict[str, Any]] = []
-        self.skipped: list[dict[str, Any]] = []
-        self.dataset_id: str | None = None  # fixed by the first shard (see _shard_writer.dataset_id)
-
-    def record(self, info: ShardInfo, next_source: int, next_tile: int, skipped: list[dict[str, Any]]) -> None:
-        """Append a completed shard and rewrite the file (``skipped``: the files skipped so far)."""
-        self.entries.append({**info.to_json(), "next_source": next_source, "next_tile": next_tile})
-        doc = {"fingerprint": self.fingerprint, "options": self.options, "dataset_id": self.dataset_id,
-               "shards": self.entries, "skipped": skipped}
-        write_json_atomic(self.path, doc)
-
-    def load_valid_prefix(self) -> None:
-        """Keep the completed shards whose files still match their hashes (in order)."""
-        try:
-            doc = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as err:
-            raise DatasetError(f"{self.path}: unreadable progress file ({err}); start again with --overwrite") from None
-        if doc.get("fingerprint") != self.fingerprint:
-            raise DatasetError(f"{self.path.parent}: --resume with other options or changed source files than "
-                               "the interrupted run (a source file's size or modification time differs, or an "
-                               "object's size or ETag, or one was added or removed); restore them, or start again "
-                               "with --overwrite")
-        out_dir = self.path.parent
-        for entry in doc["shards"]:
-            shard = out_dir / entry["file"]
-            if not shard.is_file() or shard.stat().st_size != entry["bytes"] or file_hash(shard) != entry["hash"]:
-                break
-            self.entries.append(entry)
-        if self.entries:
-            self.dataset_id = doc.get("dataset_id")
-            if not isinstance(self.dataset_id, str):
-                raise DatasetError(f"{self.path}: progress file without a dataset id (written by an older "
-                                   "fastload); start again with --overwrite")
-        position = self.position()
-        self.skipped = [s for s in doc.get("skipped", []) if s["index"] < position[0]]
-
-    def position(self) -> tuple[int, int]:
-        if not self.entries:
-            return (0, 0)
-        return (self.entries[-1]["next_source"], self.entries[-1]["next_tile"])
-
-    def shards(self) -> list[ShardInfo]:
-        return [ShardInfo(e["file"], e["count"], e["bytes"], e["hash"]) for e in self.entries]
-
-
 def _clean_partial_files(out_dir: Path, keep: set[str]) -> None:
     for path in out_dir.iterdir():
         name = path.name
@@ -174,33 +140,55 @@ def _image_tasks(job: WriteJob, start: tuple[int, int]) -> Iterator[Task]:
 
 def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, progress: bool = True,
                   client: Any = None) -> WriteResult:
-    """Write ``job.out_dir`` (shards, then the manifest) and return what was written.
+    """Write the dataset of ``job`` (shards, then the manifest in ``job.out_dir``) and return what was written.
 
     The encode tasks run in ``workers`` processes, or on the Dask cluster of
-    ``client`` when one is given; this process writes the shards in order
-    either way, so the bytes are the same.
+    ``client`` when one is given. Shards go to ``job.target`` (default: a
+    directory ``job.out_dir``). This process writes them in order as records
+    arrive, except on a cluster when their boundaries can be planned up front
+    (``_shard_plan``; the job gives ``piece``): then each task writes one
+    shard itself (``_planned_writer``) and this process checks and journals
+    it. The bytes are the same either way.
 
     Raises PreprocessError on a bad source image unless ``skip_bad``; the
     shards completed so far stay on disk with the journal, and no manifest.
     """
     out_dir = job.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    journal = _Journal(out_dir, _fingerprint(job), job.provenance.get("options"))
+    target = job.target if job.target is not None else LocalShards(out_dir)
+    journal = Journal(out_dir, _fingerprint(job), job.provenance.get("options"))
     if resume and journal.path.exists():
-        journal.load_valid_prefix()
+        journal.load_valid_prefix(target)
     _clean_partial_files(out_dir, {e["file"] for e in journal.entries})
+    target.prepare()
+    delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
+    counts = job.tile_counts
+    capacity = None
+    if client is not None and counts is not None and job.piece is not None:
+        capacity = shard_capacity(job.limits.samples, job.limits.bytes, job.settings.fields)
+    bar = tqdm(total=sum(counts) if counts is not None else None, initial=sum(e["count"] for e in journal.entries),
+               unit=job.unit, desc=out_dir.name, disable=not progress or None, dynamic_ncols=True)
+    try:
+        if capacity is None or journal.dataset_id is None:  # planned or not, the first shard is written here
+            _write_in_order(job, journal, target, workers, skip_bad, client, bar, delay,
+                            max_shards=None if capacity is None else 1)
+        if capacity is not None:
+            assert counts is not None
+            write_planned(job, journal, target, counts, capacity, skip_bad, client, bar, delay)
+    finally:
+        bar.close()
+    return _finish(job, journal)
+
+
+def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, workers: int, skip_bad: bool,
+                    client: Any, bar: tqdm, delay: float, max_shards: int | None) -> None:
+    """Encode from the journal's position on and write the shards here, in order (at most ``max_shards``)."""
     start = journal.position()
     identity = _identity(job)
-    delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
-
-    record_bytes = sum(f.nbytes for f in job.settings.fields)
     counts = job.tile_counts
-    planned = sum(counts) if counts is not None else None
-    done = sum(e["count"] for e in journal.entries)
     current: list[bytes] = []
     current_size = 0
-    bar = tqdm(total=planned, initial=done, unit=job.unit, desc=out_dir.name, disable=not progress or None,
-               dynamic_ncols=True)
+    written = 0
 
     # Shards are written (LMDB, compacting copy, hash, journal) by one writer
     # thread while this thread gathers the next shard's records: at most one
@@ -212,13 +200,13 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     def write_and_record(index: int, records: list[bytes], next_source: int, next_tile: int,
                          skipped: list[dict[str, Any]]) -> None:
         assert journal.dataset_id is not None
-        journal.record(write_shard(out_dir, index, records, (job.settings.fields, journal.dataset_id)), next_source,
+        journal.record(target.write(index, records, (job.settings.fields, journal.dataset_id)), next_source,
                        next_tile, skipped)
         if delay:
             time.sleep(delay)
 
     def flush(next_source: int, next_tile: int) -> None:
-        nonlocal current, current_size, pending, shard_index
+        nonlocal current, current_size, pending, shard_index, written
         if pending is not None:
             pending.result()  # re-raises the previous shard's error
         if journal.dataset_id is None:  # the first shard: its records fix the dataset's id
@@ -226,10 +214,14 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         pending = writer.submit(write_and_record, shard_index, current, next_source, next_tile,
                                 list(journal.skipped))
         shard_index += 1
+        written += 1
         current, current_size = [], 0
 
     def after(index: int, t: int) -> tuple[int, int]:  # the position after sample t of source index
         return (index + 1, 0) if counts is not None and t + 1 == counts[index] else (index, t + 1)
+
+    def enough() -> bool:
+        return max_shards is not None and written >= max_shards
 
     outcomes: Iterator[tuple[list[bytes] | None, BaseException | None]] = iter(())
     try:
@@ -266,10 +258,16 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             for t, record in enumerate(records, start=first_tile):
                 if job.limits.bytes and current and current_size + len(record) > job.limits.bytes:
                     flush(index, t)
+                    if enough():
+                        break
                 current.append(record)
                 current_size += len(record)
                 if job.limits.samples and len(current) == job.limits.samples:
                     flush(*after(index, t))
+                    if enough():
+                        break
+            if enough():
+                break
             bar.update(len(records))
         if failures:
             if pending is not None:
@@ -278,7 +276,7 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             raise PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; "
                                   "the shards before it are kept for --resume); fix or remove them, or pass "
                                   "--skip-bad:\n  " + "\n  ".join(failures[:20]) + more)
-        if current:
+        if current and not enough():
             flush(len(job.sources), 0)
         if pending is not None:
             pending.result()
@@ -289,8 +287,15 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
                 close()  # shuts the worker pool down now, also on an error (a second Ctrl-C may end it)
         finally:
             writer.shutdown(wait=True)  # a shard already being written finishes and stays journaled
-            bar.close()
+    if max_shards is not None:  # the planned writer goes on: the bar counts what the journal holds
+        bar.n = sum(e["count"] for e in journal.entries)
+        bar.refresh()
 
+
+def _finish(job: WriteJob, journal: Journal) -> WriteResult:
+    """Write the manifest of the shards the journal lists, delete the journal, and return what was written."""
+    out_dir, counts = job.out_dir, job.tile_counts
+    record_bytes = sum(f.nbytes for f in job.settings.fields)
     skipped_paths = {s["path"] for s in journal.skipped}
     extra = {**job.extra}
     shards = journal.shards()
@@ -306,9 +311,10 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             raise PreprocessError(f"{out_dir}: wrote {total} samples but the sources add up to {first}")
         extra["sources"] = sources_doc
     extra["skipped"] = job.probe_skipped + [{"path": s["path"], "error": s["error"]} for s in journal.skipped]
-    ident = journal.dataset_id or dataset_id(job.settings.fields, identity, [])
+    ident = journal.dataset_id or dataset_id(job.settings.fields, _identity(job), [])
     manifest = Manifest(fields=list(job.settings.fields), shards=shards, provenance=job.provenance, extra=extra,
                         dataset_id=ident)
+    shutil.rmtree(out_dir / TASKS_DIR, ignore_errors=True)  # a task's attempt that Dask ran again
     write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
     journal.path.unlink(missing_ok=True)
     used = [src for src in job.sources if src.relpath not in skipped_paths]

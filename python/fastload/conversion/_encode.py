@@ -44,8 +44,9 @@ class EncodeSettings:
     remote: RemoteFolder | None = None  # the folder in object storage the sources are read from
 
 
-def source_samples(settings: EncodeSettings, relpath: str, skip_tiles: int = 0) -> list[np.ndarray]:
-    """Read one source image and return its samples (tiles in the field's layout) from ``skip_tiles`` on.
+def source_samples(settings: EncodeSettings, relpath: str, skip_tiles: int = 0,
+                   stop_tiles: int | None = None) -> list[np.ndarray]:
+    """Read one source image and return its samples (tiles in the field's layout) ``skip_tiles:stop_tiles``.
 
     Raises ImageReadError naming the file when it cannot be read or disagrees with the schema.
     """
@@ -62,7 +63,7 @@ def source_samples(settings: EncodeSettings, relpath: str, skip_tiles: int = 0) 
         raise ImageReadError(path, f"shape {image.shape[:2]} differs from the dataset's "
                                    f"{image_field_hw(image_field, settings.layout)}")
     samples = []
-    for y, x in settings.tiles.grid(image.shape[0], image.shape[1])[skip_tiles:]:
+    for y, x in settings.tiles.grid(image.shape[0], image.shape[1])[skip_tiles:stop_tiles]:
         sample = cut_tile(image, y, x, tile)
         if settings.layout == "chw":
             sample = sample.transpose(2, 0, 1)
@@ -70,15 +71,16 @@ def source_samples(settings: EncodeSettings, relpath: str, skip_tiles: int = 0) 
     return samples
 
 
-def encode_source(settings: EncodeSettings, relpath: str, label: int | None, skip_tiles: int = 0) -> list[bytes]:
-    """Read one source image and return the records of its tiles from ``skip_tiles`` on.
+def encode_source(settings: EncodeSettings, relpath: str, label: int | None, skip_tiles: int = 0,
+                  stop_tiles: int | None = None) -> list[bytes]:
+    """Read one source image and return the records of its tiles ``skip_tiles:stop_tiles`` (to the end: None).
 
     Raises ImageReadError naming the file when it cannot be read or disagrees with the schema.
     """
     image_field = settings.fields[0]
     encoder = RecordEncoder(settings.fields)
     records = []
-    for sample in source_samples(settings, relpath, skip_tiles):
+    for sample in source_samples(settings, relpath, skip_tiles, stop_tiles):
         values: dict[str, Any] = {image_field.name: sample}
         if label is not None:
             values["label"] = np.int64(label)

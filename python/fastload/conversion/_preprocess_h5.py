@@ -75,5 +75,7 @@ def stack_job(job: WriteJob, settings: StackSettings, infos: dict[str, StackInfo
 
     from ._hdf5 import encode_stack_rows
 
-    job.tasks, job.encode, job.unit = tasks, encode_stack_rows, "sample"
+    # No pieces: a stack's rows are read in chunks, and a chunk that fails mid-file must fail as in a
+    # one-machine run (not skip the whole file), so the driver writes its shards.
+    job.tasks, job.encode, job.unit, job.piece = tasks, encode_stack_rows, "sample", None
     return job

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from ..storage import RemoteSpec, redact
+from ..storage._client import StorageOptions
 from ..storage._publish import finish_publish, publish, remote_dataset_exists, staging_dir
+from ..storage._urls import join_url
+from ._shard_targets import RemoteShards
 
 
 def stage_output(url: str, storage_options: Mapping[str, Any] | None, cache_dir: str | os.PathLike | None,
@@ -39,6 +42,16 @@ def stage_output(url: str, storage_options: Mapping[str, Any] | None, cache_dir:
         shutil.rmtree(staging)
     staging.parent.mkdir(parents=True, exist_ok=True)
     return staging, spec.storage_options
+
+
+def direct_target(url: str, storage: StorageOptions, client: Any, split: str = "") -> RemoteShards | None:
+    """Return where the tasks on ``client``'s cluster upload the shards of ``url`` (of its ``split``); None without.
+
+    Without a cluster the driver writes the shards into the staging directory and publishes them.
+    """
+    if client is None:
+        return None
+    return RemoteShards(join_url(url, split) if split else url, url, storage)
 
 
 def publish_output(staging: Path, url: str, storage: Any, progress: bool) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from ..format._manifest import MANIFEST_NAME
 from ..format._splits import SPLITS_NAME
 from ._cli_options import UsageError
-from ._dataset_writer import PROGRESS_NAME
+from ._journal import PROGRESS_NAME
 
 
 def _recorded_options(out: Path) -> tuple[Path, dict[str, Any]] | None:

@@ -39,10 +39,11 @@ from ..storage import RemoteFolder, is_remote, redact
 from ._auto import PREFERENCES, Choice, choose_codec, sample_indices
 from ._cli_options import UsageError, check_options, parse_hw, parse_size
 from ._dask_map import CONNECT_TIMEOUT_S, check_client, connect, describe
-from ._dataset_writer import PROGRESS_NAME, PreprocessError, ShardLimits, WriteJob, WriteResult, write_dataset
+from ._dataset_writer import PreprocessError, ShardLimits, WriteJob, WriteResult, write_dataset
 from ._encode import EncodeSettings, TileSpec, source_samples
 from ._hdf5 import StackInfo, StackSettings
 from ._images import PILLOW_MODES, ImageReadError
+from ._journal import PROGRESS_NAME
 from ._label_csv import labels_from_csv
 from ._preprocess_h5 import probe_stacks, stack_fields, stack_job, stack_plan
 from ._preprocess_plan import (
@@ -55,7 +56,7 @@ from ._preprocess_plan import (
     warn_lopsided_classes,
     warn_no_tiles,
 )
-from ._remote_output import publish_output, stage_output
+from ._remote_output import direct_target, publish_output, stage_output
 from ._run_record import check_resume_options
 from ._sources import (
     Source,
@@ -312,11 +313,11 @@ def _run_to_url(args: argparse.Namespace, client: Any, url: str) -> list[WriteRe
         print(f"{redact(url)}: complete already; nothing to do")
         return []
     args.output_dir, args.overwrite, saved = staging, False, args.absolute_source_root
-    args.absolute_source_root = True
+    args.absolute_source_root, args.publish_to = True, (url, storage)
     try:
         results = run(args, client)
     finally:
-        args.output_dir, args.absolute_source_root = url, saved
+        args.output_dir, args.absolute_source_root, args.publish_to = url, saved, None
     publish_output(staging, url, storage, progress=True)
     return results
 
@@ -394,7 +395,9 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
         extra: dict[str, Any] = {"classes": classes} if classes is not None else {}
         if plan.no_tiles:
             extra["no_tiles"] = plan.no_tiles
-        job = WriteJob(out, settings, plan.sources, plan.tile_counts, bad, limits, provenance, extra)
+        publish_to = getattr(args, "publish_to", None)  # (URL, storage options) of an output in object storage
+        target = direct_target(publish_to[0], publish_to[1], client, plan.name) if publish_to is not None else None
+        job = WriteJob(out, settings, plan.sources, plan.tile_counts, bad, limits, provenance, extra, target=target)
         if stacks is not None:
             job = stack_job(job, settings, stacks)
         results.append(write_dataset(job, args.workers, args.skip_bad, args.resume, not args.no_progress, client))

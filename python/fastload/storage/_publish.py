@@ -62,22 +62,45 @@ def publish(local: Path, url: str, options: StorageOptions) -> int:
                    key=lambda p: (p.name in _LAST, p.name == SPLITS_NAME, len(p.relative_to(local).parts), str(p)))
     if not any(p.name in _LAST for p in files):
         raise RemoteError(f"{local}: no manifest to publish to {redact(url)} (the conversion did not finish)")
+    staged = {p.relative_to(local).as_posix() for p in files}
+    elsewhere = {name: size for name, size in _listed_shards(local, files).items() if name not in staged}
+    for name, size in elsewhere.items():  # uploaded by the conversion's tasks: each must be there, whole
+        stored = root.size(name)
+        if stored != size:
+            raise RemoteError(f"{root.url_of(name)}: {stored} bytes, its manifest says {size}; not publishing")
     for name in _manifests_at(root, obstore):  # the old dataset stops looking complete before a file changes
         _delete(root, obstore, name)
     sent = 0
     for path in files:
         name = path.relative_to(local).as_posix()
-        size = path.stat().st_size
-        _put(root, obstore, name, path)
-        stored = root.size(name)
-        if stored != size:
-            raise RemoteError(f"{root.url_of(name)}: {stored} bytes stored after the upload of {size}")
-        sent += size
-    uploaded = {p.relative_to(local).as_posix() for p in files}
+        sent += upload_file(root, name, path)
     for name in _listed(root, obstore):  # an older dataset's shards that this one does not have
-        if name.endswith(".lmdb") and name not in uploaded:
+        if name.endswith(".lmdb") and name not in staged and name not in elsewhere:
             _delete(root, obstore, name)
     return sent
+
+
+def _listed_shards(local: Path, files: list[Path]) -> dict[str, int]:
+    """Return every shard the staged manifests list, by its path under the URL, with its size in bytes."""
+    shards = {}
+    for path in files:
+        if path.name == MANIFEST_NAME:
+            folder = path.parent.relative_to(local).as_posix()
+            for shard in load_manifest(path.parent).shards:
+                shards[shard.file if folder == "." else f"{folder}/{shard.file}"] = shard.bytes
+    return shards
+
+
+def unpublish(url: str, options: StorageOptions) -> None:
+    """Delete every manifest and ``splits.json`` under ``url``: the dataset there no longer looks complete.
+
+    Done before a conversion's tasks upload shards under the URL themselves, so that no reader mixes an
+    old manifest with new shards (``publish`` does the same before it uploads).
+    """
+    obstore = _obstore()
+    root = RemoteRoot(url, options)
+    for name in _manifests_at(root, obstore):
+        _delete(root, obstore, name)
 
 
 def finish_publish(local: Path) -> None:
@@ -117,9 +140,20 @@ def _delete(root: RemoteRoot, obstore: Any, name: str) -> None:
     root.call(name, "DELETE", lambda: obstore.delete(root.store, name))
 
 
-def _put(root: RemoteRoot, obstore: Any, name: str, path: Path) -> None:
-    """Upload ``path`` as ``name``: one PUT, or a multipart upload above obstore's part size (5 MB)."""
+def upload_file(root: RemoteRoot, name: str, path: Path) -> int:
+    """Upload ``path`` as ``name`` under ``root``, check its stored size (HEAD), and return its bytes.
+
+    One PUT, or a multipart upload above obstore's part size (5 MB), which the store makes visible
+    only when it completes. RemoteError naming the URL when the upload fails after the retries or
+    the stored size differs.
+    """
+    obstore = _obstore()
+    size = path.stat().st_size
     root.call(name, "PUT", lambda: obstore.put(root.store, name, path))
+    stored = root.size(name)
+    if stored != size:
+        raise RemoteError(f"{root.url_of(name)}: {stored} bytes stored after the upload of {size}")
+    return size
 
 
 def _hidden(relative: Path) -> bool:

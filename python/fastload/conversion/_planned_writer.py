@@ -1,0 +1,131 @@
+"""Shards written by the tasks themselves, on a Dask cluster: a task per planned shard, the driver journals them.
+
+Used when the shard boundaries can be planned up front (``_shard_plan``): each task encodes the
+samples of one shard, writes it whole to the output (a hidden name in a shared directory, or an
+upload to object storage: ``_shard_targets``) and returns its entry; no record travels to the
+driver. The driver takes the entries in order, checks and commits each shard (renamed into place in
+a directory), journals it, and writes the manifest last
+(``_dataset_writer``). The first shard is written by the driver beforehand, as in a one-machine run:
+its records fix the dataset's id, to which every record is bound.
+
+A file that fails to decode gets the one-machine policy. Without ``--skip-bad`` the run goes on
+encoding (writing nothing more to the journal) to name every bad file, then raises. With it, the file
+is dropped and the shards are planned again from the failed one on: the same shards, so the same
+bytes, as a one-machine run that skipped it. A task that a worker's death interrupted is run again
+by Dask; its shard is written again whole, with the same bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from ..errors import FastloadError, ImageReadError, PreprocessError
+from ._journal import Journal
+from ._parallel import ordered_map
+from ._shard_plan import plan_shards
+from ._shard_targets import Binding, ShardTarget, Staged
+
+# A piece that failed to decode: (its position in the shard's pieces, the reason, the whole message).
+Failure = tuple[int, str, str]
+
+
+def write_planned_shard(target: ShardTarget, encode: Callable[..., list[bytes]], pieces: Sequence[tuple],
+                        names: Sequence[str], expected: int, max_bytes: int | None, index: int,
+                        binding: Binding) -> tuple[Staged | None, list[Failure]]:
+    """Encode the pieces of shard ``index`` (``encode(*args)`` each) and stage the shard whole for the driver.
+
+    Runs in a task. When a piece's file does not decode (ImageReadError) nothing is written and the
+    failures are returned: the driver decides. A typed error is raised as it is; another is raised
+    as a PreprocessError naming the piece's source (``names``), as a one-machine run names it.
+    """
+    records: list[bytes] = []
+    failures: list[Failure] = []
+    for position, args in enumerate(pieces):
+        try:
+            got = encode(*args)
+        except ImageReadError as err:
+            failures.append((position, err.reason, str(err)))
+            continue
+        except FastloadError:
+            raise
+        except Exception as err:
+            raise PreprocessError(f"{names[position]}: {type(err).__name__}: {err}") from err
+        records += got
+    if failures:
+        return None, failures
+    if len(records) != expected:
+        raise PreprocessError(f"shard {index}: its sources gave {len(records)} samples, {expected} were planned "
+                              "(did a source change since it was probed?)")
+    total = sum(len(r) for r in records)
+    if max_bytes and len(records) > 1 and total > max_bytes:  # the one-machine writer would have closed it sooner
+        raise PreprocessError(f"shard {index}: {total} bytes of records, more than the shard size of {max_bytes} "
+                              "that its plan assumed they could not reach (a fastload bug: please report it)")
+    return target.stage(index, records, binding), []
+
+
+def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[int], capacity: int,
+                  skip_bad: bool, client: Any, bar: tqdm, delay: float) -> None:
+    """Write every shard after the journal's last one through tasks on ``client``'s cluster (see the module)."""
+    assert journal.dataset_id is not None, "the first shard is written before the planned ones"
+    binding: Binding = (job.settings.fields, journal.dataset_id)
+    initializer, initargs = job.worker_init if job.worker_init is not None else (None, ())
+    skipped = {s["index"] for s in journal.skipped}
+    failures: list[str] = []
+    while True:
+        effective = [0 if i in skipped else n for i, n in enumerate(counts)]
+        shards = plan_shards(effective, journal.position(), len(journal.entries), capacity)
+        if not shards:
+            return
+        args = ((target, job.encode, [job.piece(*p) for p in s.pieces], [job.sources[p[0]].relpath for p in s.pieces],
+                 s.count, job.limits.bytes, s.index, binding) for s in shards)
+        outcomes = ordered_map(write_planned_shard, args, 1, initializer, initargs, client=client)
+        replan = False
+        try:
+            for shard, (result, error) in zip(shards, outcomes):
+                if error is not None:
+                    if isinstance(error, FastloadError):
+                        raise error
+                    raise PreprocessError(f"shard {shard.index}: {type(error).__name__}: {error}") from error
+                assert result is not None
+                staged, bad = result
+                if bad and (failures or not skip_bad or job.tasks is not None):
+                    if job.tasks is not None:  # a dataset's sample: the first error ends the run, as locally
+                        raise PreprocessError(bad[0][2])
+                    failures += [m for _, _, m in bad if m not in failures]  # go on, committing nothing, to name all
+                    continue
+                if bad:
+                    for position, reason, message in bad:
+                        source, first, _ = shard.pieces[position]
+                        if first != 0:  # part of it is in a shard already written: it cannot be left out
+                            raise PreprocessError(message)
+                        relpath = job.sources[source].relpath
+                        tqdm.write(f"skipping {relpath}: {reason}")
+                        journal.skipped.append({"index": source, "path": relpath, "error": reason})
+                        skipped.add(source)
+                        bar.update(effective[source])
+                    replan = True  # the shards from this one on hold other samples now
+                    break
+                if failures:
+                    continue
+                assert staged is not None
+                target.commit(staged)
+                journal.record(staged[0], shard.next_source, shard.next_tile, list(journal.skipped))
+                bar.update(staged[0].count)
+                if delay:
+                    time.sleep(delay)
+        finally:
+            close = getattr(outcomes, "close", None)
+            if close is not None:
+                close()  # cancels the tasks in flight
+        if failures:
+            more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+            raise PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; "
+                                  "the shards before it are kept for --resume); fix or remove them, or pass "
+                                  "--skip-bad:\n  " + "\n  ".join(failures[:20]) + more)
+        if not replan:
+            return
+

@@ -1,0 +1,163 @@
+"""Where a conversion's shards go: a directory (local or a shared filesystem), or a URL of object storage.
+
+The driver writes a shard with ``write`` (whole, or not at all). A task on a cluster writes one with
+``stage`` and the driver, taking the tasks' results in order, makes it part of the dataset with
+``commit``, which checks it first:
+
+- in a directory, a task builds its shard under a hidden name of its own (``.tasks/<attempt>/``) and
+  ``commit`` renames it into place: a file with a shard's name is always one the driver checked and
+  journals, and a task still running when the run failed leaves only a hidden file, which the next
+  run deletes;
+- in object storage there is no rename: a task uploads its shard under its final name (the store
+  makes it visible only when whole) and ``commit`` checks its size (HEAD). The old dataset's
+  manifests are deleted before the first upload (``prepare``), and the manifest is written last,
+  so a reader never takes an unchecked shard for part of a dataset.
+
+Targets pickle: a task on a Dask worker writes through the one it is handed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import PreprocessError, RemoteNotFoundError
+from ..format._manifest import ShardInfo, file_hash, fsync_dir
+from ..format._record import Field
+from ..storage import RemoteFolder
+from ..storage._client import StorageOptions
+from ..storage._publish import unpublish, upload_file
+from ._shard_writer import write_shard
+
+Binding = tuple[Sequence[Field], str]  # (schema, dataset id)
+TASKS_DIR = ".tasks"  # in an output directory: the shards that tasks wrote and the driver has not committed
+# A shard a task wrote: its entry, and where it lies until it is committed (a path under TASKS_DIR, or "").
+Staged = tuple[ShardInfo, str]
+
+
+class ShardTarget(Protocol):
+    """Where shards are written, and how one is checked."""
+
+    def prepare(self) -> None:
+        """Get ready before the first shard is written."""
+        ...
+
+    def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
+        """Write ``records`` as shard ``index`` (whole, or not at all) and return its entry (the driver)."""
+        ...
+
+    def stage(self, index: int, records: Sequence[bytes], binding: Binding) -> Staged:
+        """Write ``records`` as shard ``index`` for the driver to commit (a task)."""
+        ...
+
+    def commit(self, staged: Staged) -> None:
+        """Check a staged shard and make it part of the dataset; PreprocessError naming it when it is not whole."""
+        ...
+
+    def check(self, info: ShardInfo, thorough: bool) -> str | None:
+        """Return None when the shard of ``info`` is there whole, else what is wrong (naming it)."""
+        ...
+
+
+class LocalShards:
+    """Shards in a directory: this machine's, or one every Dask worker shares with the driver."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def prepare(self) -> None:
+        """Delete what tasks of an earlier run left uncommitted."""
+        shutil.rmtree(self.directory / TASKS_DIR, ignore_errors=True)
+
+    def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
+        """Write shard ``index`` into the directory (``_shard_writer.write_shard``)."""
+        return write_shard(self.directory, index, records, binding)
+
+    def stage(self, index: int, records: Sequence[bytes], binding: Binding) -> Staged:
+        """Write shard ``index`` under the directory's ``.tasks/<this attempt>/``."""
+        if not self.directory.is_dir():  # a Dask worker on a machine that does not share it
+            raise PreprocessError(f"{self.directory}: no such directory on {socket.gethostname()}, where the task "
+                                  f"of shard {index} runs; on a cluster the output must be a filesystem every "
+                                  "worker shares, or a URL of object storage")
+        attempt = self.directory / TASKS_DIR / uuid.uuid4().hex
+        attempt.mkdir(parents=True)
+        info = write_shard(attempt, index, records, binding)
+        return info, str(attempt / info.file)
+
+    def commit(self, staged: Staged) -> None:
+        """Check the staged file's size and rename it to its shard's name."""
+        info, where = staged
+        path = Path(where)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise PreprocessError(f"{path}: written by a task but not here: on a cluster the output must be a "
+                                  "filesystem every worker shares with this process, or a URL of object "
+                                  "storage") from None
+        if size != info.bytes:
+            raise PreprocessError(f"{path}: {size} bytes, the task that wrote it reported {info.bytes}")
+        os.replace(path, self.directory / info.file)
+        fsync_dir(self.directory)
+        shutil.rmtree(path.parent, ignore_errors=True)
+
+    def check(self, info: ShardInfo, thorough: bool) -> str | None:
+        """Check the file's size (and with ``thorough`` its hash: the file is read whole)."""
+        path = self.directory / info.file
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{path}: missing"
+        if size != info.bytes:
+            return f"{path}: {size} bytes, its journal says {info.bytes}"
+        if thorough and file_hash(path) != info.hash:
+            return f"{path}: its content differs from its journal's hash"
+        return None
+
+
+class RemoteShards:
+    """Shards uploaded under a URL of object storage, each built in a local temporary directory first.
+
+    ``root``: the URL of the whole output (a split's shards go under ``root/train``), whose manifests
+    :meth:`prepare` deletes before the first shard is uploaded.
+    """
+
+    def __init__(self, url: str, root: str, options: StorageOptions) -> None:
+        self.folder = RemoteFolder(url, options)  # its store is opened once per process (RemoteFolder.root)
+        self.root = root
+
+    def prepare(self) -> None:
+        """Delete the manifests under the output's URL: from now on the old dataset there does not look complete."""
+        unpublish(self.root, self.folder.options)
+
+    def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
+        """Build shard ``index`` locally, upload it (multipart when large) and check its stored size."""
+        with tempfile.TemporaryDirectory(prefix="fastload-shard-") as tmp:
+            info = write_shard(tmp, index, records, binding)
+            upload_file(self.folder.root, info.file, Path(tmp, info.file))
+        return info
+
+    def stage(self, index: int, records: Sequence[bytes], binding: Binding) -> Staged:
+        """Upload shard ``index`` under its final name (object stores have no rename)."""
+        return self.write(index, records, binding), ""
+
+    def commit(self, staged: Staged) -> None:
+        """Check the uploaded shard's size (HEAD)."""
+        problem = self.check(staged[0], thorough=False)
+        if problem is not None:
+            raise PreprocessError(problem)
+
+    def check(self, info: ShardInfo, thorough: bool) -> str | None:
+        """Check the object's size (HEAD); its hash was taken of the file uploaded, whose size the store confirmed."""
+        try:
+            size = self.folder.root.size(info.file)
+        except RemoteNotFoundError:
+            return f"{self.folder.url_of(info.file)}: not found"
+        if size != info.bytes:
+            return f"{self.folder.url_of(info.file)}: {size} bytes, the journal says {info.bytes}"
+        return None
