@@ -53,9 +53,9 @@ def driver_writes(monkeypatch):
     written: list[int] = []
     real = _shard_targets.write_shard
 
-    def counting(directory, index, records, binding=None):
+    def counting(directory, index, records, binding=None, durable=True):
         written.append(index)
-        return real(directory, index, records, binding)
+        return real(directory, index, records, binding, durable)
 
     monkeypatch.setattr(_shard_targets, "write_shard", counting)
     return written
@@ -156,6 +156,18 @@ def png_that_probes_but_does_not_decode(png: bytes) -> bytes:
     return b"".join(out)
 
 
+def test_the_driver_says_when_it_writes_the_shards_itself_and_why(tmp_path, client, capsys):
+    from test_conversion_dask import streamed
+
+    fastload.write_dataset(Tiles(60), tmp_path / "zstd", codec="zstd", shard_size="8KB", client=client)
+    fastload.write_dataset(streamed(60), tmp_path / "stream", samples_per_shard=16, client=client)
+    fastload.write_dataset(Tiles(60), tmp_path / "planned", codec="zstd", samples_per_shard=16, client=client)
+    out = capsys.readouterr().out
+    assert "dask: zstd: the driver writes the shards (their boundaries depend on the compressed sizes" in out
+    assert "dask: stream: the driver writes the shards (an iterable dataset" in out
+    assert "dask: planned:" not in out
+
+
 def test_raw_tiles_with_a_byte_limit_are_planned_and_a_bad_image_is_skipped_as_locally(tmp_path, two_class_pngs,
                                                                                        cluster):
     data = tmp_path / "data"
@@ -246,6 +258,27 @@ def test_a_bucket_output_of_preprocess_tiles_is_uploaded_by_the_tasks(tmp_path, 
     stored = {n: b for n, b in objects(s3_client, "pre").items() if n.endswith(".lmdb")}
     local = {p.relative_to(tmp_path / "local").as_posix(): p.read_bytes() for p in (tmp_path / "local").rglob("*.lmdb")}
     assert stored == local and len(stored) > 6
+
+
+def test_four_pool_workers_write_the_shards_themselves_with_the_same_bytes(tmp_path, driver_writes, two_class_pngs):
+    from fastload.conversion._dataset_writer import POOL_TASKS_WRITE_FROM
+
+    options = dict(codec="zstd", samples_per_shard=16, progress=False)
+    fastload.write_dataset(Tiles(300), tmp_path / "one", **options)
+    driver_writes.clear()
+    fastload.write_dataset(Tiles(300), tmp_path / "four", workers=POOL_TASKS_WRITE_FROM, **options)
+    assert driver_writes == [0]  # the forked workers wrote the other 18
+    assert_identical(tmp_path / "one", tmp_path / "four")
+
+    data = tmp_path / "data"
+    shutil.copytree(two_class_pngs, data)
+    (data / "dogs" / "2.png").write_bytes(png_that_probes_but_does_not_decode((data / "dogs" / "2.png").read_bytes()))
+    raw = ("--codec", "raw", "--shard-size", "10KB", "--skip-bad")
+    runs = [preprocess_two_classes(data, tmp_path / f"pre-{n}", *raw, "--workers", str(n))
+            for n in (1, POOL_TASKS_WRITE_FROM)]
+    assert runs[0].returncode == runs[1].returncode == 0, runs[0].stderr + runs[1].stderr
+    assert "skipping dogs/2.png" in runs[1].stdout
+    assert_identical(tmp_path / "pre-1", tmp_path / f"pre-{POOL_TASKS_WRITE_FROM}")
 
 
 def test_a_shard_the_driver_cannot_see_is_an_error_naming_the_shared_filesystem(tmp_path):

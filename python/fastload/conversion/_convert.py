@@ -285,7 +285,7 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
                    encode=_encode_range if map_style else _encode_arrays,
                    stamp=f"{kind}|{count}|{[f.to_json() for f in fields]}",
                    worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample",
-                   piece=_range_piece if map_style else None, target=target)
+                   piece=_range_piece if map_style else None, piece_samples=chunk, target=target)
     if client is not None and progress:
         print(describe(client))
     return write_job(job, workers, skip_bad=False, resume=resume, progress=progress, client=client).manifest

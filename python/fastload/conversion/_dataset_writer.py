@@ -22,7 +22,7 @@ from ..format._record import FORMAT_VERSION
 from ._encode import encode_source
 from ._journal import Journal
 from ._parallel import ordered_map
-from ._planned_writer import write_planned
+from ._planned_writer import write_first_planned, write_planned
 from ._shard_plan import shard_capacity
 from ._shard_targets import TASKS_DIR, LocalShards, ShardTarget
 from ._shard_writer import dataset_id
@@ -30,6 +30,10 @@ from ._source_files import source_stat
 from ._sources import Source
 
 _DELAY_ENV = "FASTLOAD_TEST_SHARD_DELAY"  # tests: seconds to sleep after each shard
+# From this many local worker processes on, the workers write the shards (when they can be planned): the
+# driver's one writer thread (LMDB, compacting copy, hash: about 130 MB/s of raw tiles here) no longer keeps
+# up with them. With 2, on 2 cores, either way ran at the same rate.
+POOL_TASKS_WRITE_FROM = 4
 
 
 @dataclass
@@ -56,7 +60,8 @@ class WriteJob:
     iterable dataset). ``piece(source, first, stop)`` gives the encode
     arguments for exactly those samples of one source: a job that has it can
     have its shards written by tasks on a cluster (image sources have it by
-    default). ``target``: where the shards go (default: ``out_dir``, which
+    default); a task encodes at most ``piece_samples`` of them for the first
+    shard (None: a whole piece of a source). ``target``: where the shards go (default: ``out_dir``, which
     always holds the journal and the manifest).
     """
 
@@ -74,6 +79,7 @@ class WriteJob:
     worker_init: tuple[Callable[..., None], tuple] | None = None
     unit: str = "tile"
     piece: Callable[[int, int, int], tuple] | None = None
+    piece_samples: int | None = None
     target: ShardTarget | None = None
 
     def __post_init__(self) -> None:
@@ -145,10 +151,12 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     The encode tasks run in ``workers`` processes, or on the Dask cluster of
     ``client`` when one is given. Shards go to ``job.target`` (default: a
     directory ``job.out_dir``). This process writes them in order as records
-    arrive, except on a cluster when their boundaries can be planned up front
-    (``_shard_plan``; the job gives ``piece``): then each task writes one
-    shard itself (``_planned_writer``) and this process checks and journals
-    it. The bytes are the same either way.
+    arrive, except on a cluster or with at least ``POOL_TASKS_WRITE_FROM``
+    local workers when their boundaries can be planned up front
+    (``_shard_plan``; the job gives ``piece``): then this process writes the
+    first and each further shard is a task that writes it
+    (``_planned_writer``), which this process checks, commits and journals.
+    The bytes are the same either way.
 
     Raises PreprocessError on a bad source image unless ``skip_bad``; the
     shards completed so far stay on disk with the journal, and no manifest.
@@ -164,31 +172,47 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
     counts = job.tile_counts
     capacity = None
-    if client is not None and counts is not None and job.piece is not None:
+    by_tasks = client is not None or workers >= POOL_TASKS_WRITE_FROM
+    if by_tasks and counts is not None and job.piece is not None:
         capacity = shard_capacity(job.limits.samples, job.limits.bytes, job.settings.fields)
+    if client is not None and capacity is None and progress:
+        print(f"dask: {out_dir.name}: the driver writes the shards ({_why_not_planned(job)})")
     bar = tqdm(total=sum(counts) if counts is not None else None, initial=sum(e["count"] for e in journal.entries),
                unit=job.unit, desc=out_dir.name, disable=not progress or None, dynamic_ncols=True)
     try:
-        if capacity is None or journal.dataset_id is None:  # planned or not, the first shard is written here
-            _write_in_order(job, journal, target, workers, skip_bad, client, bar, delay,
-                            max_shards=None if capacity is None else 1)
-        if capacity is not None:
+        if capacity is not None and journal.dataset_id is None:
             assert counts is not None
-            write_planned(job, journal, target, counts, capacity, skip_bad, client, bar, delay)
+            if not write_first_planned(job, journal, target, counts, capacity, skip_bad, workers, client, bar,
+                                       _identity(job)):
+                capacity = None  # a bad file, not skipped: named with every other one as in a one-machine run
+        if capacity is None:
+            _write_in_order(job, journal, target, workers, skip_bad, client, bar, delay)
+        elif journal.dataset_id is not None:  # else every source was skipped: an empty dataset
+            assert counts is not None
+            write_planned(job, journal, target, counts, capacity, skip_bad, workers, client, bar, delay)
     finally:
         bar.close()
     return _finish(job, journal)
 
 
+def _why_not_planned(job: WriteJob) -> str:
+    """Say why the shards of ``job`` cannot be planned up front and written by tasks."""
+    if job.tile_counts is None:
+        return "an iterable dataset: its length is unknown until it ends"
+    if job.piece is None:
+        return "HDF5 stacks are read in row chunks that must fail as in a one-machine run"
+    return ("their boundaries depend on the compressed sizes under the shard size; to have the workers write them, "
+            "give a sample count per shard (--samples-per-shard, samples_per_shard=) whose records cannot reach it")
+
+
 def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, workers: int, skip_bad: bool,
-                    client: Any, bar: tqdm, delay: float, max_shards: int | None) -> None:
-    """Encode from the journal's position on and write the shards here, in order (at most ``max_shards``)."""
+                    client: Any, bar: tqdm, delay: float) -> None:
+    """Encode from the journal's position on and write the shards here, in order."""
     start = journal.position()
     identity = _identity(job)
     counts = job.tile_counts
     current: list[bytes] = []
     current_size = 0
-    written = 0
 
     # Shards are written (LMDB, compacting copy, hash, journal) by one writer
     # thread while this thread gathers the next shard's records: at most one
@@ -206,7 +230,7 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
             time.sleep(delay)
 
     def flush(next_source: int, next_tile: int) -> None:
-        nonlocal current, current_size, pending, shard_index, written
+        nonlocal current, current_size, pending, shard_index
         if pending is not None:
             pending.result()  # re-raises the previous shard's error
         if journal.dataset_id is None:  # the first shard: its records fix the dataset's id
@@ -214,14 +238,10 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
         pending = writer.submit(write_and_record, shard_index, current, next_source, next_tile,
                                 list(journal.skipped))
         shard_index += 1
-        written += 1
         current, current_size = [], 0
 
     def after(index: int, t: int) -> tuple[int, int]:  # the position after sample t of source index
         return (index + 1, 0) if counts is not None and t + 1 == counts[index] else (index, t + 1)
-
-    def enough() -> bool:
-        return max_shards is not None and written >= max_shards
 
     outcomes: Iterator[tuple[list[bytes] | None, BaseException | None]] = iter(())
     try:
@@ -258,16 +278,10 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
             for t, record in enumerate(records, start=first_tile):
                 if job.limits.bytes and current and current_size + len(record) > job.limits.bytes:
                     flush(index, t)
-                    if enough():
-                        break
                 current.append(record)
                 current_size += len(record)
                 if job.limits.samples and len(current) == job.limits.samples:
                     flush(*after(index, t))
-                    if enough():
-                        break
-            if enough():
-                break
             bar.update(len(records))
         if failures:
             if pending is not None:
@@ -276,7 +290,7 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
             raise PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; "
                                   "the shards before it are kept for --resume); fix or remove them, or pass "
                                   "--skip-bad:\n  " + "\n  ".join(failures[:20]) + more)
-        if current and not enough():
+        if current:
             flush(len(job.sources), 0)
         if pending is not None:
             pending.result()
@@ -287,9 +301,6 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
                 close()  # shuts the worker pool down now, also on an error (a second Ctrl-C may end it)
         finally:
             writer.shutdown(wait=True)  # a shard already being written finishes and stays journaled
-    if max_shards is not None:  # the planned writer goes on: the bar counts what the journal holds
-        bar.n = sum(e["count"] for e in journal.entries)
-        bar.refresh()
 
 
 def _finish(job: WriteJob, journal: Journal) -> WriteResult:

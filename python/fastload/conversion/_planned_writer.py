@@ -18,7 +18,7 @@ by Dask; its shard is written again whole, with the same bytes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -26,8 +26,9 @@ from tqdm import tqdm
 from ..errors import FastloadError, ImageReadError, PreprocessError
 from ._journal import Journal
 from ._parallel import ordered_map
-from ._shard_plan import plan_shards
+from ._shard_plan import Piece, plan_shards
 from ._shard_targets import Binding, ShardTarget, Staged
+from ._shard_writer import dataset_id
 
 # A piece that failed to decode: (its position in the shard's pieces, the reason, the whole message).
 Failure = tuple[int, str, str]
@@ -67,9 +68,77 @@ def write_planned_shard(target: ShardTarget, encode: Callable[..., list[bytes]],
     return target.stage(index, records, binding), []
 
 
+def write_first_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[int], capacity: int,
+                        skip_bad: bool, workers: int, client: Any, bar: tqdm, identity: str) -> bool:
+    """Write the first planned shard here, from tasks that encode exactly its samples; return whether it is written.
+
+    Its records fix the dataset's id (``_shard_writer.dataset_id``), so they come back to this
+    process, which writes it. Its pieces are split into tasks of at most ``job.piece_samples``
+    samples, so that every worker helps. A file that fails to decode is skipped with ``skip_bad``
+    (the shard is planned again without it); without, False is returned and nothing is written:
+    the caller falls back to the one-machine order, which names every bad file.
+    """
+    while True:
+        skipped = {s["index"] for s in journal.skipped}
+        effective = [0 if i in skipped else n for i, n in enumerate(counts)]
+        plan = plan_shards(effective, (0, 0), 0, capacity)
+        if not plan:
+            return True  # every source skipped: the caller writes an empty dataset
+        shard = plan[0]
+        pieces = list(_split(shard.pieces, job.piece_samples))
+        initializer, initargs = job.worker_init if job.worker_init is not None else (None, ())
+        outcomes = ordered_map(job.encode, (job.piece(*p) for p in pieces), workers, initializer, initargs,
+                               client=client, fresh_workers=getattr(job.settings, "remote", None) is not None)
+        records: list[bytes] = []
+        try:
+            for (source, first, _), (got, error) in zip(pieces, outcomes):
+                relpath = job.sources[source].relpath
+                if error is None:
+                    assert got is not None
+                    records += got
+                    continue
+                if isinstance(error, FastloadError) and not isinstance(error, ImageReadError):
+                    raise error
+                if not isinstance(error, ImageReadError):
+                    raise PreprocessError(f"{relpath}: {type(error).__name__}: {error}") from error
+                if job.tasks is not None:  # a dataset's sample, as in a one-machine run
+                    raise PreprocessError(str(error)) from error
+                if not skip_bad:
+                    return False
+                assert first == 0  # the first shard holds its sources from their first sample
+                tqdm.write(f"skipping {relpath}: {error.reason}")
+                journal.skipped.append({"index": source, "path": relpath, "error": error.reason})
+                bar.update(effective[source])
+                break
+            else:
+                if len(records) != shard.count:
+                    raise PreprocessError(f"shard 0: its sources gave {len(records)} samples, {shard.count} were "
+                                          "planned (did a source change since it was probed?)")
+                journal.dataset_id = dataset_id(job.settings.fields, identity, records)
+                info = target.write(0, records, (job.settings.fields, journal.dataset_id))
+                journal.record(info, shard.next_source, shard.next_tile, list(journal.skipped))
+                bar.update(info.count)
+                return True
+        finally:
+            close = getattr(outcomes, "close", None)
+            if close is not None:
+                close()
+
+
+def _split(pieces: Sequence[Piece], most: int | None) -> Iterator[Piece]:
+    """Yield ``pieces`` cut into pieces of at most ``most`` samples (None: as they are)."""
+    for source, first, stop in pieces:
+        step = most or (stop - first)
+        for a in range(first, stop, max(1, step)):
+            yield (source, a, min(stop, a + step))
+
+
 def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[int], capacity: int,
-                  skip_bad: bool, client: Any, bar: tqdm, delay: float) -> None:
-    """Write every shard after the journal's last one through tasks on ``client``'s cluster (see the module)."""
+                  skip_bad: bool, workers: int, client: Any, bar: tqdm, delay: float) -> None:
+    """Write every shard after the journal's last one through tasks (see the module).
+
+    The tasks run on ``client``'s cluster, or in ``workers`` local processes without one.
+    """
     assert journal.dataset_id is not None, "the first shard is written before the planned ones"
     binding: Binding = (job.settings.fields, journal.dataset_id)
     initializer, initargs = job.worker_init if job.worker_init is not None else (None, ())
@@ -82,7 +151,8 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
             return
         args = ((target, job.encode, [job.piece(*p) for p in s.pieces], [job.sources[p[0]].relpath for p in s.pieces],
                  s.count, job.limits.bytes, s.index, binding) for s in shards)
-        outcomes = ordered_map(write_planned_shard, args, 1, initializer, initargs, client=client)
+        outcomes = ordered_map(write_planned_shard, args, workers, initializer, initargs, client=client,
+                               fresh_workers=getattr(job.settings, "remote", None) is not None)
         replan = False
         try:
             for shard, (result, error) in zip(shards, outcomes):

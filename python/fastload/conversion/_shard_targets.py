@@ -33,7 +33,7 @@ from ..format._record import Field
 from ..storage import RemoteFolder
 from ..storage._client import StorageOptions
 from ..storage._publish import unpublish, upload_file
-from ._shard_writer import write_shard
+from ._shard_writer import fsync_file, write_shard
 
 Binding = tuple[Sequence[Field], str]  # (schema, dataset id)
 TASKS_DIR = ".tasks"  # in an output directory: the shards that tasks wrote and the driver has not committed
@@ -87,7 +87,7 @@ class LocalShards:
                                   "worker shares, or a URL of object storage")
         attempt = self.directory / TASKS_DIR / uuid.uuid4().hex
         attempt.mkdir(parents=True)
-        info = write_shard(attempt, index, records, binding)
+        info = write_shard(attempt, index, records, binding, durable=False)  # commit() makes it durable
         return info, str(attempt / info.file)
 
     def commit(self, staged: Staged) -> None:
@@ -102,6 +102,7 @@ class LocalShards:
                                   "storage") from None
         if size != info.bytes:
             raise PreprocessError(f"{path}: {size} bytes, the task that wrote it reported {info.bytes}")
+        fsync_file(path)  # here rather than in the task: the worker goes on encoding meanwhile
         os.replace(path, self.directory / info.file)
         fsync_dir(self.directory)
         shutil.rmtree(path.parent, ignore_errors=True)
@@ -138,7 +139,7 @@ class RemoteShards:
     def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
         """Build shard ``index`` locally, upload it (multipart when large) and check its stored size."""
         with tempfile.TemporaryDirectory(prefix="fastload-shard-") as tmp:
-            info = write_shard(tmp, index, records, binding)
+            info = write_shard(tmp, index, records, binding, durable=False)  # uploaded, then deleted
             upload_file(self.folder.root, info.file, Path(tmp, info.file))
         return info
 

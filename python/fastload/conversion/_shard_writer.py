@@ -53,12 +53,13 @@ def dataset_id(fields: Sequence[Field], identity: str, first_shard: Sequence[byt
 
 
 def write_shard(directory: str | os.PathLike, index: int, records: Sequence[bytes],
-                binding: tuple[Sequence[Field], str] | None = None) -> ShardInfo:
+                binding: tuple[Sequence[Field], str] | None = None, durable: bool = True) -> ShardInfo:
     """Write ``records`` (keys 0..n-1) as shard ``index`` in ``directory`` and return its entry.
 
     Each v2 or v3 record is bound to its key here (:func:`bind_key`), and each v3 record
     to its dataset and this shard's index: ``binding`` is (schema, dataset id), required
-    for v3 records.
+    for v3 records. With ``durable`` the file and the directory are fsynced before the
+    shard is returned; without, the caller makes it durable (or uploads it and deletes it).
     """
     fingerprint, schema = None, b""
     if records and records[0][4:6] == FORMAT_VERSION.to_bytes(2, "little"):
@@ -86,9 +87,16 @@ def write_shard(directory: str | os.PathLike, index: int, records: Sequence[byte
     finally:
         env.close()
     build.unlink()
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
+    if durable:
+        fsync_file(tmp)
     info = ShardInfo(file=name, count=len(records), bytes=tmp.stat().st_size, hash=file_hash(tmp))
     os.replace(tmp, final)
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
     return info
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a file's data to its disk (or, on a network filesystem, to its server)."""
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
