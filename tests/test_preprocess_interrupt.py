@@ -1,5 +1,9 @@
 """One Ctrl-C ends a ``preprocess_tiles --workers 2`` run promptly, at any point, and ``--resume`` finishes it.
 
+Also with ``--workers 4``, where the workers write the shards themselves (``_planned_writer``): an
+interrupted run leaves only shards the driver committed, and a hidden ``.tasks`` folder that the
+resumed run deletes.
+
 The real command runs in a session of its own; SIGINT goes to the whole process group (a terminal's
 Ctrl-C) or, for some runs, to the parent only (an IDE's interrupt), at a different point of the run
 each time, with a CPU hog on the other core for some runs. A hang (1 run in 19 in the last attack
@@ -57,11 +61,11 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start(scenes: Path, out: Path) -> tuple[subprocess.Popen, float]:
+def start(scenes: Path, out: Path, workers: int = 2) -> tuple[subprocess.Popen, float]:
     """Start the command in a session of its own; return it once it has made its output directory (options
     checked, sources found; probing, encoding and writing are ahead), with that time."""
     proc = subprocess.Popen([sys.executable, "-m", "fastload.preprocess", "--data-dir", str(scenes),
-                             "--output-dir", str(out), "--workers", "2", *OPTIONS],
+                             "--output-dir", str(out), "--workers", str(workers), *OPTIONS],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=default_sigint)
     while not out.exists():
@@ -70,9 +74,10 @@ def start(scenes: Path, out: Path) -> tuple[subprocess.Popen, float]:
     return proc, time.monotonic()
 
 
-def interrupt_once(scenes: Path, out: Path, delay: float, to_group: bool) -> tuple[str, float | None, str]:
+def interrupt_once(scenes: Path, out: Path, delay: float, to_group: bool,
+                   workers: int) -> tuple[str, float | None, str]:
     """SIGINT the command ``delay`` s into its work; return (outcome, seconds from the signal to its exit, stderr)."""
-    proc, started = start(scenes, out)
+    proc, started = start(scenes, out, workers)
     try:
         time.sleep(max(0.0, started + delay - time.monotonic()))
         sent = time.monotonic()
@@ -98,21 +103,22 @@ def interrupt_once(scenes: Path, out: Path, delay: float, to_group: bool) -> tup
             proc.wait()
 
 
-def test_ctrl_c_at_any_point_ends_the_run_and_resume_completes_it(tmp_path, scenes):
+@pytest.mark.parametrize(("workers", "runs"), [(2, RUNS), (4, RUNS // 2)], ids=["driver-writes", "tasks-write"])
+def test_ctrl_c_at_any_point_ends_the_run_and_resume_completes_it(tmp_path, scenes, workers, runs):
     reference = tmp_path / "reference"
-    proc, started = start(scenes, reference)
+    proc, started = start(scenes, reference, workers)
     _, err = proc.communicate(timeout=120)
     span = time.monotonic() - started  # how long the work takes here: the interrupts are spread over it
     assert proc.returncode == 0, err
     hog = None
     outcomes = []
     try:
-        for run in range(RUNS):
-            if run == RUNS // 2:  # the second half with the other core busy
+        for run in range(runs):
+            if run == runs // 2:  # the second half with the other core busy
                 hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
             out = tmp_path / f"run{run}"
-            delay = span * ((run % (RUNS // 2)) + 0.3) / (RUNS // 2)  # from probing the images to the last shards
-            outcome, took, err = interrupt_once(scenes, out, delay, to_group=run % 4 != 3)
+            delay = span * ((run % (runs // 2)) + 0.3) / (runs // 2)  # from probing the images to the last shards
+            outcome, took, err = interrupt_once(scenes, out, delay, to_group=run % 4 != 3, workers=workers)
             outcomes.append((run, round(delay, 2), outcome, took and round(took, 2)))
             assert outcome != "hang", f"run {run}: still running 30 s after SIGINT; all so far: {outcomes}"
             assert outcome in ("interrupted", "finished first"), f"run {run}: {outcome}\n{err}\n{outcomes}"
@@ -131,4 +137,4 @@ def test_ctrl_c_at_any_point_ends_the_run_and_resume_completes_it(tmp_path, scen
             hog.wait()
     print(outcomes)
     interrupted = sum(o[2] == "interrupted" for o in outcomes)
-    assert interrupted >= RUNS // 2, f"too few runs were interrupted mid-run to test anything: {outcomes}"
+    assert interrupted >= runs // 2, f"too few runs were interrupted mid-run to test anything: {outcomes}"
