@@ -234,6 +234,49 @@ def test_tasks_upload_the_shards_to_a_bucket_and_a_failed_run_resumes_there(tmp_
     assert theirs == ours
 
 
+def test_a_task_given_up_on_cannot_replace_a_committed_shard_in_a_bucket(s3):  # noqa: F811
+    """A task still running after a replan or Ctrl-C uploads only under a key of its own, never a shard's name."""
+    from fastload.conversion._shard_targets import RemoteShards
+    from fastload.storage._client import StorageOptions
+
+    _, s3_client, storage = s3
+    url = f"s3://{BUCKET}/staged"
+    target = RemoteShards(url, url, StorageOptions.build(storage))
+    fields = (Field("image", "uint8", (4,)),)
+    from fastload.format._record import RecordEncoder
+
+    encoder = RecordEncoder(fields)
+    ours = target.stage(3, [encoder.encode({"image": np.arange(4, dtype=np.uint8)})], (fields, "0" * 32))
+    stale = target.stage(3, [encoder.encode({"image": np.ones(4, np.uint8)})], (fields, "0" * 32))
+    assert ours[0].bytes == stale[0].bytes and ours[0].hash != stale[0].hash and ours[1] != stale[1]
+    target.commit(ours)
+    stored = objects(s3_client, "staged")
+    assert sorted(stored) == [stale[1], "shard-00003.lmdb"]  # the stale attempt is staged, not named
+    target.clean_staged()
+    stored = objects(s3_client, "staged")
+    assert list(stored) == ["shard-00003.lmdb"]
+    assert f"xxh3-128:{__import__('xxhash').xxh3_128(stored['shard-00003.lmdb']).hexdigest()}" == ours[0].hash
+
+
+def test_a_relative_output_directory_is_the_driver_s_on_every_worker(tmp_path, client, monkeypatch):
+    import os
+
+    options = dict(codec="zstd", samples_per_shard=16, progress=False)
+    fastload.write_dataset(Tiles(100), tmp_path / "local", **options)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    before = client.run(os.getcwd)
+    client.run(os.chdir, str(elsewhere))  # the workers run in another directory than the driver
+    try:
+        monkeypatch.chdir(tmp_path)
+        fastload.write_dataset(Tiles(100), "relative", client=client, **options)
+    finally:
+        for worker, cwd in before.items():
+            client.run(os.chdir, cwd, workers=[worker])
+    assert_identical(tmp_path / "local", tmp_path / "relative")
+    assert not list(elsewhere.iterdir())
+
+
 def test_a_bucket_output_of_preprocess_tiles_is_uploaded_by_the_tasks(tmp_path, s3, two_class_pngs,  # noqa: F811
                                                                       monkeypatch, capsys):
     """The workers take credentials from their own environment, as any Dask job writing a bucket does."""
@@ -258,6 +301,7 @@ def test_a_bucket_output_of_preprocess_tiles_is_uploaded_by_the_tasks(tmp_path, 
     stored = {n: b for n, b in objects(s3_client, "pre").items() if n.endswith(".lmdb")}
     local = {p.relative_to(tmp_path / "local").as_posix(): p.read_bytes() for p in (tmp_path / "local").rglob("*.lmdb")}
     assert stored == local and len(stored) > 6
+    assert not [n for n in objects(s3_client, "pre") if ".tasks" in n]  # every staged attempt committed or deleted
 
 
 def test_four_pool_workers_write_the_shards_themselves_with_the_same_bytes(tmp_path, driver_writes, two_class_pngs):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,7 +23,7 @@ from ._journal import Journal
 from ._parallel import ordered_map
 from ._planned_writer import write_first_planned, write_planned
 from ._shard_plan import shard_capacity
-from ._shard_targets import TASKS_DIR, LocalShards, ShardTarget
+from ._shard_targets import LocalShards, ShardTarget
 from ._shard_writer import dataset_id
 from ._source_files import source_stat
 from ._sources import Source
@@ -163,12 +162,13 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     """
     out_dir = job.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = job.target if job.target is not None else LocalShards(out_dir)
+    # Absolute: tasks on a cluster resolve the directory in their own working directory.
+    target = job.target if job.target is not None else LocalShards(out_dir.absolute())
     journal = Journal(out_dir, _fingerprint(job), job.provenance.get("options"))
     if resume and journal.path.exists():
         journal.load_valid_prefix(target)
     _clean_partial_files(out_dir, {e["file"] for e in journal.entries})
-    target.prepare()
+    target.clean_staged()
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
     counts = job.tile_counts
     capacity = None
@@ -192,7 +192,7 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             write_planned(job, journal, target, counts, capacity, skip_bad, workers, client, bar, delay)
     finally:
         bar.close()
-    return _finish(job, journal)
+    return _finish(job, journal, target)
 
 
 def _why_not_planned(job: WriteJob) -> str:
@@ -303,7 +303,7 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
             writer.shutdown(wait=True)  # a shard already being written finishes and stays journaled
 
 
-def _finish(job: WriteJob, journal: Journal) -> WriteResult:
+def _finish(job: WriteJob, journal: Journal, target: ShardTarget) -> WriteResult:
     """Write the manifest of the shards the journal lists, delete the journal, and return what was written."""
     out_dir, counts = job.out_dir, job.tile_counts
     record_bytes = sum(f.nbytes for f in job.settings.fields)
@@ -325,7 +325,7 @@ def _finish(job: WriteJob, journal: Journal) -> WriteResult:
     ident = journal.dataset_id or dataset_id(job.settings.fields, _identity(job), [])
     manifest = Manifest(fields=list(job.settings.fields), shards=shards, provenance=job.provenance, extra=extra,
                         dataset_id=ident)
-    shutil.rmtree(out_dir / TASKS_DIR, ignore_errors=True)  # a task's attempt that Dask ran again
+    target.clean_staged()  # a task's attempt that Dask ran again, or one given up on a replan
     write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
     journal.path.unlink(missing_ok=True)
     used = [src for src in job.sources if src.relpath not in skipped_paths]

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from ..errors import FastloadError, ImageReadError, PreprocessError
 from ._journal import Journal
 from ._parallel import ordered_map
-from ._shard_plan import Piece, plan_shards
+from ._shard_plan import Piece, PlannedShard, plan_shards
 from ._shard_targets import Binding, ShardTarget, Staged
 from ._shard_writer import dataset_id
 
@@ -34,7 +34,7 @@ from ._shard_writer import dataset_id
 Failure = tuple[int, str, str]
 
 
-def write_planned_shard(target: ShardTarget, encode: Callable[..., list[bytes]], pieces: Sequence[tuple],
+def write_planned_shard(target: ShardTarget | None, encode: Callable[..., list[bytes]], pieces: Sequence[tuple],
                         names: Sequence[str], expected: int, max_bytes: int | None, index: int,
                         binding: Binding) -> tuple[Staged | None, list[Failure]]:
     """Encode the pieces of shard ``index`` (``encode(*args)`` each) and stage the shard whole for the driver.
@@ -42,6 +42,7 @@ def write_planned_shard(target: ShardTarget, encode: Callable[..., list[bytes]],
     Runs in a task. When a piece's file does not decode (ImageReadError) nothing is written and the
     failures are returned: the driver decides. A typed error is raised as it is; another is raised
     as a PreprocessError naming the piece's source (``names``), as a one-machine run names it.
+    Without a ``target`` the pieces are only encoded (to find the bad files) and nothing is written.
     """
     records: list[bytes] = []
     failures: list[Failure] = []
@@ -65,7 +66,7 @@ def write_planned_shard(target: ShardTarget, encode: Callable[..., list[bytes]],
     if max_bytes and len(records) > 1 and total > max_bytes:  # the one-machine writer would have closed it sooner
         raise PreprocessError(f"shard {index}: {total} bytes of records, more than the shard size of {max_bytes} "
                               "that its plan assumed they could not reach (a fastload bug: please report it)")
-    return target.stage(index, records, binding), []
+    return (target.stage(index, records, binding) if target is not None else None), []
 
 
 def write_first_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[int], capacity: int,
@@ -137,35 +138,45 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
                   skip_bad: bool, workers: int, client: Any, bar: tqdm, delay: float) -> None:
     """Write every shard after the journal's last one through tasks (see the module).
 
-    The tasks run on ``client``'s cluster, or in ``workers`` local processes without one.
+    The tasks run on ``client``'s cluster, or in ``workers`` local processes without one. After a
+    file failed to decode without ``skip_bad``, the tasks of the shards after it only encode (to
+    name every bad file) and write nothing.
     """
     assert journal.dataset_id is not None, "the first shard is written before the planned ones"
     binding: Binding = (job.settings.fields, journal.dataset_id)
     initializer, initargs = job.worker_init if job.worker_init is not None else (None, ())
     skipped = {s["index"] for s in journal.skipped}
     failures: list[str] = []
+    failed_at = -1  # the first shard with a bad file (not skipped): the later ones are only encoded
     while True:
         effective = [0 if i in skipped else n for i, n in enumerate(counts)]
-        shards = plan_shards(effective, journal.position(), len(journal.entries), capacity)
+        shards = [s for s in plan_shards(effective, journal.position(), len(journal.entries), capacity)
+                  if s.index > failed_at]
         if not shards:
-            return
-        args = ((target, job.encode, [job.piece(*p) for p in s.pieces], [job.sources[p[0]].relpath for p in s.pieces],
-                 s.count, job.limits.bytes, s.index, binding) for s in shards)
+            break
+        writes = target if not failures else None
+        args = ((writes, job.encode, [job.piece(*p) for p in s.pieces], _names(job, s), s.count, job.limits.bytes,
+                 s.index, binding) for s in shards)
         outcomes = ordered_map(write_planned_shard, args, workers, initializer, initargs, client=client,
                                fresh_workers=getattr(job.settings, "remote", None) is not None)
-        replan = False
+        again = False
         try:
             for shard, (result, error) in zip(shards, outcomes):
                 if error is not None:
                     if isinstance(error, FastloadError):
                         raise error
-                    raise PreprocessError(f"shard {shard.index}: {type(error).__name__}: {error}") from error
+                    raise PreprocessError(f"shard {shard.index} ({', '.join(_names(job, shard))}): "
+                                          f"{type(error).__name__}: {error}") from error
                 assert result is not None
                 staged, bad = result
                 if bad and (failures or not skip_bad or job.tasks is not None):
                     if job.tasks is not None:  # a dataset's sample: the first error ends the run, as locally
                         raise PreprocessError(bad[0][2])
-                    failures += [m for _, _, m in bad if m not in failures]  # go on, committing nothing, to name all
+                    first_failure = not failures
+                    failures += [m for _, _, m in bad if m not in failures]
+                    if first_failure:  # go on to name every bad file, the tasks writing nothing more
+                        failed_at, again = shard.index, True
+                        break
                     continue
                 if bad:
                     for position, reason, message in bad:
@@ -177,7 +188,7 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
                         journal.skipped.append({"index": source, "path": relpath, "error": reason})
                         skipped.add(source)
                         bar.update(effective[source])
-                    replan = True  # the shards from this one on hold other samples now
+                    again = True  # the shards from this one on hold other samples now
                     break
                 if failures:
                     continue
@@ -191,11 +202,15 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
             close = getattr(outcomes, "close", None)
             if close is not None:
                 close()  # cancels the tasks in flight
-        if failures:
-            more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
-            raise PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; "
-                                  "the shards before it are kept for --resume); fix or remove them, or pass "
-                                  "--skip-bad:\n  " + "\n  ".join(failures[:20]) + more)
-        if not replan:
-            return
+        if not again:
+            break
+    if failures:
+        more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+        raise PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; "
+                              "the shards before it are kept for --resume); fix or remove them, or pass "
+                              "--skip-bad:\n  " + "\n  ".join(failures[:20]) + more)
 
+
+def _names(job: Any, shard: PlannedShard) -> list[str]:
+    """Return the sources of a shard's pieces, for messages."""
+    return [job.sources[p[0]].relpath for p in shard.pieces]

@@ -8,10 +8,11 @@ The driver writes a shard with ``write`` (whole, or not at all). A task on a clu
   ``commit`` renames it into place: a file with a shard's name is always one the driver checked and
   journals, and a task still running when the run failed leaves only a hidden file, which the next
   run deletes;
-- in object storage there is no rename: a task uploads its shard under its final name (the store
-  makes it visible only when whole) and ``commit`` checks its size (HEAD). The old dataset's
-  manifests are deleted before the first upload (``prepare``), and the manifest is written last,
-  so a reader never takes an unchecked shard for part of a dataset.
+- in object storage there is no rename: a task uploads its shard under a key of its own
+  (``.tasks/<attempt>/``; the store makes an object visible only when whole) and ``commit`` copies
+  it server-side to the shard's name, checks its size (HEAD) and deletes the staged key. The old
+  dataset's manifests are deleted before the first shard gets its name, and the manifest is
+  written last, so a reader never takes an unchecked shard for part of a dataset.
 
 Targets pickle: a task on a Dask worker writes through the one it is handed.
 """
@@ -31,7 +32,7 @@ from ..errors import PreprocessError, RemoteNotFoundError
 from ..format._manifest import ShardInfo, file_hash, fsync_dir
 from ..format._record import Field
 from ..storage import RemoteFolder
-from ..storage._client import StorageOptions
+from ..storage._client import StorageOptions, _obstore
 from ..storage._publish import unpublish, upload_file
 from ._shard_writer import fsync_file, write_shard
 
@@ -44,8 +45,8 @@ Staged = tuple[ShardInfo, str]
 class ShardTarget(Protocol):
     """Where shards are written, and how one is checked."""
 
-    def prepare(self) -> None:
-        """Get ready before the first shard is written."""
+    def clean_staged(self) -> None:
+        """Delete the shards that tasks staged and the driver did not commit (before a run, and after it)."""
         ...
 
     def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
@@ -71,8 +72,8 @@ class LocalShards:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
-    def prepare(self) -> None:
-        """Delete what tasks of an earlier run left uncommitted."""
+    def clean_staged(self) -> None:
+        """Delete what tasks left uncommitted under ``.tasks/``."""
         shutil.rmtree(self.directory / TASKS_DIR, ignore_errors=True)
 
     def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
@@ -124,34 +125,55 @@ class LocalShards:
 class RemoteShards:
     """Shards uploaded under a URL of object storage, each built in a local temporary directory first.
 
-    ``root``: the URL of the whole output (a split's shards go under ``root/train``), whose manifests
-    :meth:`prepare` deletes before the first shard is uploaded.
+    A task uploads its shard under a key of its own (``.tasks/<attempt>/shard-NNNNN.lmdb``); the driver
+    commits it with a server-side copy to the shard's name (S3's CopyObject: up to 5 GB) and deletes
+    the staged key. A task still running after the driver gave up on it (a replan, Ctrl-C) can write
+    only its own staged key, never a shard's name. ``root``: the URL of the whole output (a split's
+    shards go under ``root/train``), whose manifests are deleted before the first shard gets its name.
     """
 
     def __init__(self, url: str, root: str, options: StorageOptions) -> None:
         self.folder = RemoteFolder(url, options)  # its store is opened once per process (RemoteFolder.root)
         self.root = root
+        self._retired = False  # the old dataset's manifests deleted (in the driver)
 
-    def prepare(self) -> None:
-        """Delete the manifests under the output's URL: from now on the old dataset there does not look complete."""
-        unpublish(self.root, self.folder.options)
+    def clean_staged(self) -> None:
+        """Delete what tasks of this or an earlier run staged under ``.tasks/`` and nobody committed."""
+        obstore, root = _obstore(), self.folder.root
+
+        def staged() -> list[str]:
+            return [str(meta["path"]) for batch in obstore.list(root.store, prefix=TASKS_DIR + "/") for meta in batch]
+
+        names = root.call(TASKS_DIR + "/", "LIST", staged)
+        if names:
+            root.call(TASKS_DIR + "/", "DELETE", lambda: obstore.delete(root.store, names))
 
     def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
-        """Build shard ``index`` locally, upload it (multipart when large) and check its stored size."""
+        """Build shard ``index`` locally, upload it under its name (multipart when large) and check its size."""
+        self._retire_old_dataset()
         with tempfile.TemporaryDirectory(prefix="fastload-shard-") as tmp:
             info = write_shard(tmp, index, records, binding, durable=False)  # uploaded, then deleted
             upload_file(self.folder.root, info.file, Path(tmp, info.file))
         return info
 
     def stage(self, index: int, records: Sequence[bytes], binding: Binding) -> Staged:
-        """Upload shard ``index`` under its final name (object stores have no rename)."""
-        return self.write(index, records, binding), ""
+        """Build shard ``index`` locally and upload it under ``.tasks/<this attempt>/``."""
+        with tempfile.TemporaryDirectory(prefix="fastload-shard-") as tmp:
+            info = write_shard(tmp, index, records, binding, durable=False)
+            key = f"{TASKS_DIR}/{uuid.uuid4().hex}/{info.file}"
+            upload_file(self.folder.root, key, Path(tmp, info.file))
+        return info, key
 
     def commit(self, staged: Staged) -> None:
-        """Check the uploaded shard's size (HEAD)."""
-        problem = self.check(staged[0], thorough=False)
+        """Copy the staged object to the shard's name (server-side), check its size, delete the staged one."""
+        info, key = staged
+        obstore, root = _obstore(), self.folder.root
+        self._retire_old_dataset()
+        root.call(key, "COPY", lambda: obstore.copy(root.store, key, info.file))
+        problem = self.check(info, thorough=False)
         if problem is not None:
             raise PreprocessError(problem)
+        root.call(key, "DELETE", lambda: obstore.delete(root.store, key))
 
     def check(self, info: ShardInfo, thorough: bool) -> str | None:
         """Check the object's size (HEAD); its hash was taken of the file uploaded, whose size the store confirmed."""
@@ -162,3 +184,9 @@ class RemoteShards:
         if size != info.bytes:
             return f"{self.folder.url_of(info.file)}: {size} bytes, the journal says {info.bytes}"
         return None
+
+    def _retire_old_dataset(self) -> None:
+        """Before the first shard gets its name: delete the manifests under the output's URL (see the class)."""
+        if not self._retired:
+            unpublish(self.root, self.folder.options)
+            self._retired = True
