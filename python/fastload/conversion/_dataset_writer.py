@@ -19,6 +19,7 @@ from ..errors import FastloadError, ImageReadError, PreprocessError
 from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import FORMAT_VERSION
 from ._encode import encode_source
+from ._images import undecodable_error
 from ._journal import Journal
 from ._parallel import ordered_map
 from ._planned_writer import write_first_planned, write_planned
@@ -286,10 +287,7 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
         if failures:
             if pending is not None:
                 pending.result()
-            more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
-            raise PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; "
-                                  "the shards before it are kept for --resume); fix or remove them, or pass "
-                                  "--skip-bad:\n  " + "\n  ".join(failures[:20]) + more)
+            raise undecodable_error(failures)
         if current:
             flush(len(job.sources), 0)
         if pending is not None:

@@ -10,7 +10,7 @@ import numpy as np
 import tifffile
 from PIL import Image
 
-from ..errors import ArgumentError, ImageReadError
+from ..errors import ArgumentError, ImageReadError, PreprocessError
 from ._layouts import LayoutError, npy_hwc_shape, npy_layout_of
 
 IMAGE_SUFFIXES = {".png": "pillow", ".jpg": "pillow", ".jpeg": "pillow", ".tif": "tiff", ".tiff": "tiff", ".npy": "npy",
@@ -196,3 +196,11 @@ def _tiff_to_hwc(arr: np.ndarray, axes: str) -> np.ndarray:
     singles = [i for i in range(arr.ndim) if i not in order]
     arr = arr.transpose(order + singles)
     return arr.reshape(arr.shape[: len(order)])
+
+
+def undecodable_error(failures: list[str]) -> PreprocessError:
+    """Return the error of a run that met images it could not decode (``failures``: their messages, in order)."""
+    more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+    return PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; the "
+                           "shards before it are kept for --resume); fix or remove them, or pass --skip-bad:\n  "
+                           + "\n  ".join(failures[:20]) + more)

@@ -24,6 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ..errors import FastloadError, ImageReadError, PreprocessError
+from ._images import undecodable_error
 from ._journal import Journal
 from ._parallel import ordered_map
 from ._shard_plan import Piece, PlannedShard, plan_shards
@@ -205,10 +206,7 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
         if not again:
             break
     if failures:
-        more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
-        raise PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; "
-                              "the shards before it are kept for --resume); fix or remove them, or pass "
-                              "--skip-bad:\n  " + "\n  ".join(failures[:20]) + more)
+        raise undecodable_error(failures)
 
 
 def _names(job: Any, shard: PlannedShard) -> list[str]:
