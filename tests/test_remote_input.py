@@ -135,7 +135,10 @@ def test_an_interrupted_run_from_a_bucket_resumes_to_the_same_bytes(s3, tmp_path
             "--labels-from-dirs", "--codec", "zstd", "--shard-size", "20KB", "--val-fraction", "0.3", "--no-progress"]
     env = {**s3_env(s3), "FASTLOAD_TEST_SHARD_DELAY": "1.0"}
     proc = subprocess.Popen([sys.executable, "-m", "fastload.preprocess", *args], env={**os.environ,
-                            **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # SIGINT's default even where this test run ignores it (a background job of a
+                            # non-interactive shell): else the child inherits the ignore and Ctrl-C is lost
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not list(out.rglob("shard-*.lmdb")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
