@@ -206,6 +206,7 @@ def test_a_failed_run_leaves_only_checked_shards_and_resumes_to_the_same_bytes(t
     journaled = [s["file"] for s in progress["shards"]]
     assert journaled == [f"shard-{i:05d}.lmdb" for i in range(9)]  # samples 0..143: the shards before the error
     assert sorted(p.name for p in out.glob("*.lmdb")) == journaled  # a task's shard is named only once checked
+    assert not (out / _shard_targets.TASKS_DIR).exists()  # what tasks staged went with the failed run
     fastload.write_dataset(Tiles(), out, resume=True, client=client, **options)
     assert_identical(tmp_path / "whole", out)
     assert not (out / _shard_targets.TASKS_DIR).exists()
@@ -332,6 +333,17 @@ def test_a_shard_the_driver_cannot_see_is_an_error_naming_the_shared_filesystem(
         target.commit((info, str(tmp_path / ".tasks" / "elsewhere" / "shard-00003.lmdb")))
     with pytest.raises(PreprocessError, match="no such directory on"):
         LocalShards(tmp_path / "not-here").stage(3, [b"x"], ((), "0" * 32))
+    fields = (Field("image", "uint8", (4,)),)
+    from fastload.format._record import RecordEncoder
+
+    records = [RecordEncoder(fields).encode({"image": np.arange(4, dtype=np.uint8)})]
+    with pytest.raises(PreprocessError, match="has ended"):  # a task still running after its run ended
+        target.stage(3, records, (fields, "0" * 32))
+    assert not (tmp_path / ".tasks").exists()
+    target.open_staging()
+    staged_ok = target.stage(3, records, (fields, "0" * 32))
+    target.clean_staged()
+    assert not (tmp_path / ".tasks").exists() and staged_ok[0].count == 1
     staged = tmp_path / ".tasks" / "a" / "shard-00003.lmdb"
     staged.parent.mkdir(parents=True)
     staged.write_bytes(np.zeros(100, np.uint8).tobytes())

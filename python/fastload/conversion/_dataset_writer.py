@@ -191,6 +191,10 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         elif journal.dataset_id is not None:  # else every source was skipped: an empty dataset
             assert counts is not None
             write_planned(job, journal, target, counts, capacity, skip_bad, workers, client, bar, delay)
+    except BaseException:
+        if isinstance(target, LocalShards):  # what tasks staged is of no use; a bucket's waits for the next run
+            target.clean_staged()
+        raise
     finally:
         bar.close()
     return _finish(job, journal, target)

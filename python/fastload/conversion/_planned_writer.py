@@ -145,6 +145,7 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
     """
     assert journal.dataset_id is not None, "the first shard is written before the planned ones"
     binding: Binding = (job.settings.fields, journal.dataset_id)
+    target.open_staging()
     initializer, initargs = job.worker_init if job.worker_init is not None else (None, ())
     skipped = {s["index"] for s in journal.skipped}
     failures: list[str] = []

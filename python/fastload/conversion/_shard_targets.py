@@ -6,8 +6,9 @@ The driver writes a shard with ``write`` (whole, or not at all). A task on a clu
 
 - in a directory, a task builds its shard under a hidden name of its own (``.tasks/<attempt>/``) and
   ``commit`` renames it into place: a file with a shard's name is always one the driver checked and
-  journals, and a task still running when the run failed leaves only a hidden file, which the next
-  run deletes;
+  journals. The driver makes ``.tasks/`` before it submits tasks and deletes it when the run ends;
+  a task it gave up on that is still running finds no folder to stage in (or loses its file with
+  the folder), so a finished dataset holds no staged shard;
 - in object storage there is no rename: a task uploads its shard under a key of its own
   (``.tasks/<attempt>/``; the store makes an object visible only when whole) and ``commit`` copies
   it server-side to the shard's name, checks its size (HEAD) and deletes the staged key. The old
@@ -49,6 +50,10 @@ class ShardTarget(Protocol):
         """Delete the shards that tasks staged and the driver did not commit (before a run, and after it)."""
         ...
 
+    def open_staging(self) -> None:
+        """Let tasks stage shards (the driver, before it submits them); ``clean_staged`` closes it again."""
+        ...
+
     def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
         """Write ``records`` as shard ``index`` (whole, or not at all) and return its entry (the driver)."""
         ...
@@ -73,8 +78,12 @@ class LocalShards:
         self.directory = directory
 
     def clean_staged(self) -> None:
-        """Delete what tasks left uncommitted under ``.tasks/``."""
+        """Delete what tasks left uncommitted under ``.tasks/``, and the folder: no task can stage any more."""
         shutil.rmtree(self.directory / TASKS_DIR, ignore_errors=True)
+
+    def open_staging(self) -> None:
+        """Make the ``.tasks/`` folder that tasks stage their shards in."""
+        (self.directory / TASKS_DIR).mkdir(exist_ok=True)
 
     def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
         """Write shard ``index`` into the directory (``_shard_writer.write_shard``)."""
@@ -87,7 +96,11 @@ class LocalShards:
                                   f"of shard {index} runs; on a cluster the output must be a filesystem every "
                                   "worker shares, or a URL of object storage")
         attempt = self.directory / TASKS_DIR / uuid.uuid4().hex
-        attempt.mkdir(parents=True)
+        try:  # not parents=True: a task still running when its run ended must not make the folder again
+            attempt.mkdir()
+        except FileNotFoundError:
+            raise PreprocessError(f"{self.directory}: the run that planned shard {index} has ended (a task it "
+                                  "gave up on); nothing staged") from None
         info = write_shard(attempt, index, records, binding, durable=False)  # commit() makes it durable
         return info, str(attempt / info.file)
 
@@ -147,6 +160,9 @@ class RemoteShards:
         names = root.call(TASKS_DIR + "/", "LIST", staged)
         if names:
             root.call(TASKS_DIR + "/", "DELETE", lambda: obstore.delete(root.store, names))
+
+    def open_staging(self) -> None:
+        """Nothing to make: a staged key needs no folder."""
 
     def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
         """Build shard ``index`` locally, upload it under its name (multipart when large) and check its size."""
