@@ -6,7 +6,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +89,16 @@ class WriteJob:
     def _image_piece(self, source: int, first: int, stop: int) -> tuple:
         src = self.sources[source]
         return (self.settings, src.relpath, src.label, first, stop)
+
+    def run_tasks(self, fn: Callable[..., Any], arg_tuples: Iterable[tuple], workers: int,
+                  client: Any) -> Iterator[tuple[Any, BaseException | None]]:
+        """Run ``fn`` over ``arg_tuples`` as ``_parallel.ordered_map`` does, with this job's worker initializer.
+
+        The workers are fresh interpreters when the sources are in object storage.
+        """
+        initializer, initargs = self.worker_init if self.worker_init is not None else (None, ())
+        return ordered_map(fn, arg_tuples, workers, initializer, initargs, client=client,
+                           fresh_workers=getattr(self.settings, "remote", None) is not None)
 
 
 @dataclass
@@ -251,9 +261,7 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
     outcomes: Iterator[tuple[list[bytes] | None, BaseException | None]] = iter(())
     try:
         tasks, metas = itertools.tee((job.tasks or (lambda p: _image_tasks(job, p)))(start))
-        initializer, initargs = job.worker_init if job.worker_init is not None else (None, ())
-        outcomes = ordered_map(job.encode, (args for _, _, args in tasks), workers, initializer, initargs,
-                               client=client, fresh_workers=getattr(job.settings, "remote", None) is not None)
+        outcomes = job.run_tasks(job.encode, (args for _, _, args in tasks), workers, client)
         skipping = -1
         failures: list[str] = []
         for (index, first_tile, _), (records, error) in zip(metas, outcomes):

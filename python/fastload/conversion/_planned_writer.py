@@ -26,7 +26,6 @@ from tqdm import tqdm
 from ..errors import FastloadError, ImageReadError, PreprocessError
 from ._images import undecodable_error
 from ._journal import Journal
-from ._parallel import ordered_map
 from ._shard_plan import Piece, PlannedShard, plan_shards
 from ._shard_targets import Binding, ShardTarget, Staged
 from ._shard_writer import dataset_id
@@ -88,9 +87,7 @@ def write_first_planned(job: Any, journal: Journal, target: ShardTarget, counts:
             return True  # every source skipped: the caller writes an empty dataset
         shard = plan[0]
         pieces = list(_split(shard.pieces, job.piece_samples))
-        initializer, initargs = job.worker_init if job.worker_init is not None else (None, ())
-        outcomes = ordered_map(job.encode, (job.piece(*p) for p in pieces), workers, initializer, initargs,
-                               client=client, fresh_workers=getattr(job.settings, "remote", None) is not None)
+        outcomes = job.run_tasks(job.encode, (job.piece(*p) for p in pieces), workers, client)
         records: list[bytes] = []
         try:
             for (source, first, _), (got, error) in zip(pieces, outcomes):
@@ -122,9 +119,7 @@ def write_first_planned(job: Any, journal: Journal, target: ShardTarget, counts:
                 bar.update(info.count)
                 return True
         finally:
-            close = getattr(outcomes, "close", None)
-            if close is not None:
-                close()
+            outcomes.close()  # cancels the tasks in flight
 
 
 def _split(pieces: Sequence[Piece], most: int | None) -> Iterator[Piece]:
@@ -146,7 +141,6 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
     assert journal.dataset_id is not None, "the first shard is written before the planned ones"
     binding: Binding = (job.settings.fields, journal.dataset_id)
     target.open_staging()
-    initializer, initargs = job.worker_init if job.worker_init is not None else (None, ())
     skipped = {s["index"] for s in journal.skipped}
     failures: list[str] = []
     failed_at = -1  # the first shard with a bad file (not skipped): the later ones are only encoded
@@ -159,8 +153,7 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
         writes = target if not failures else None
         args = ((writes, job.encode, [job.piece(*p) for p in s.pieces], _names(job, s), s.count, job.limits.bytes,
                  s.index, binding) for s in shards)
-        outcomes = ordered_map(write_planned_shard, args, workers, initializer, initargs, client=client,
-                               fresh_workers=getattr(job.settings, "remote", None) is not None)
+        outcomes = job.run_tasks(write_planned_shard, args, workers, client)
         again = False
         try:
             for shard, (result, error) in zip(shards, outcomes):
@@ -201,9 +194,7 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
                 if delay:
                     time.sleep(delay)
         finally:
-            close = getattr(outcomes, "close", None)
-            if close is not None:
-                close()  # cancels the tasks in flight
+            outcomes.close()  # cancels the tasks in flight
         if not again:
             break
     if failures:
