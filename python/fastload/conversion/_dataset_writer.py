@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -203,7 +204,8 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
             write_planned(job, journal, target, counts, capacity, skip_bad, workers, client, bar, delay)
     except BaseException:
         if isinstance(target, LocalShards):  # what tasks staged is of no use; a bucket's waits for the next run
-            target.clean_staged()
+            with contextlib.suppress(PreprocessError):  # the error that ended the run is the one to raise
+                target.clean_staged()
         raise
     finally:
         bar.close()

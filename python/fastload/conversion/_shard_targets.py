@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from ._shard_writer import fsync_file, write_shard
 
 Binding = tuple[Sequence[Field], str]  # (schema, dataset id)
 TASKS_DIR = ".tasks"  # in an output directory: the shards that tasks wrote and the driver has not committed
+_CLEAN_TRIES = 100  # deleting TASKS_DIR while tasks given up on may still write in it
 # A shard a task wrote: its entry, and where it lies until it is committed (a path under TASKS_DIR, or "").
 Staged = tuple[ShardInfo, str]
 
@@ -78,8 +80,19 @@ class LocalShards:
         self.directory = directory
 
     def clean_staged(self) -> None:
-        """Delete what tasks left uncommitted under ``.tasks/``, and the folder: no task can stage any more."""
-        shutil.rmtree(self.directory / TASKS_DIR, ignore_errors=True)
+        """Delete what tasks left uncommitted under ``.tasks/``, and the folder: no task can stage any more.
+
+        A task given up on but still running may make its attempt's folder while the tree is being
+        deleted (the folder then is not empty, and stays): deleted again until it is gone, after which
+        no task can make one (``stage`` does not make ``.tasks/``) nor write into one.
+        """
+        folder = self.directory / TASKS_DIR
+        for _ in range(_CLEAN_TRIES):
+            shutil.rmtree(folder, ignore_errors=True)
+            if not folder.exists():
+                return
+            time.sleep(0.01)
+        raise PreprocessError(f"{folder}: cannot delete the shards tasks staged there")
 
     def open_staging(self) -> None:
         """Make the ``.tasks/`` folder that tasks stage their shards in."""
