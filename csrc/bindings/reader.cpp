@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "checked_math.h"
 #include "errors.h"
 #include "reader/batch_reader.h"
+#include "reader/permutation.h"
 #include "reader/shard_reader.h"
 
 namespace fastload::bindings {
@@ -169,9 +171,45 @@ class PyBatchReader {
     return r.submit(std::move(copy), std::move(values));
   }
 
+  // Batches planned ahead (see BatchReader::plan): indices one batch after
+  // another, each batch's size, and the parameters as for submit(). With
+  // permutation = (seed, epoch, n), the values are positions of that epoch
+  // order (docs/ORDER.md), mapped by the workers.
+  void plan(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices,
+            const std::vector<size_t>& sizes,
+            const std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& params,
+            const std::optional<std::tuple<uint64_t, uint64_t, uint64_t>>& permutation) {
+    std::vector<uint64_t> copy(indices.data(), indices.data() + indices.size());
+    std::shared_ptr<const Permutation> order;
+    if (permutation) {
+      const auto [seed, epoch, n] = *permutation;
+      order = std::make_shared<const Permutation>(seed, epoch, n);
+    }
+    std::vector<int64_t> values;
+    if (params) {
+      if (params->ndim() != 2 || static_cast<size_t>(params->shape(1)) != num_params_ ||
+          params->shape(0) != indices.size()) {
+        throw py::value_error("plan: params must have shape [" + std::to_string(indices.size()) + ", " +
+                              std::to_string(num_params_) + "]");
+      }
+      values.assign(params->data(), params->data() + params->size());
+    }
+    BatchReader& r = reader();
+    const ConsumerGuard guard(busy_, "plan");
+    const GilRelease release;
+    r.plan(copy, sizes, values, std::move(order));
+  }
+
   CompletedBatch wait() {
     BatchReader& r = reader();
     const ConsumerGuard guard(busy_, "next");
+    // Planned batches wait for free slots: plain buffers are added here, as submitting callers add them
+    // before submit(). In a steady loop none is wanted (the slots come back), and nothing is allocated.
+    for (size_t wanted = r.slots_wanted(); wanted > 0; --wanted) {
+      py::array_t<uint8_t> buffer(static_cast<py::ssize_t>(r.slot_bytes()));
+      uint8_t* data = buffer.mutable_data();
+      r.pool()->add(data, r.slot_bytes(), std::make_shared<GilObject>(std::move(buffer)));
+    }
     std::optional<CompletedBatch> batch;
     while (!batch) {
       std::exception_ptr error;
@@ -296,6 +334,12 @@ void register_reader(py::module_& m) {
         return out;
       })
       .def("submit", &PyBatchReader::submit, py::arg("indices"), py::arg("params") = py::none())
+      .def("plan", &PyBatchReader::plan, py::arg("indices"), py::arg("sizes"), py::arg("params") = py::none(),
+           py::arg("permutation") = py::none())
+      .def("set_window", [](PyBatchReader& r, size_t window, size_t first_window) {
+        r.reader().set_window(window, first_window);
+      }, py::arg("window"), py::arg("first_window"))
+      .def_property_readonly("planned", [](PyBatchReader& r) { return r.reader().planned(); })
       .def("next", &PyBatchReader::next)
       .def("next_count", &PyBatchReader::next_count)
       .def("close", &PyBatchReader::close)

@@ -69,7 +69,8 @@ std::vector<size_t> shards_of(const ShardSet& shards, const std::vector<uint64_t
 }  // namespace
 
 struct BatchReader::Job {
-  std::vector<uint64_t> indices;
+  std::vector<uint64_t> indices;  // sample indices; positions of `order` when it is set
+  std::shared_ptr<const Permutation> order;  // planned by position: the workers map them (plan())
   ShardPins pins;               // a lazy set's shards this batch reads
   std::vector<int64_t> params;  // num_params per sample, with transforms
   std::shared_ptr<Slot> slot;
@@ -85,6 +86,7 @@ struct BatchReader::Job {
 struct BatchReader::Scratch {
   std::vector<std::vector<uint8_t>> decoded;
   std::vector<uint8_t> a, b;
+  std::vector<uint64_t> indices;  // a chunk's sample indices, for a batch planned by position
 };
 
 BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<FieldSpec> fields, ReaderOptions options)
@@ -186,10 +188,11 @@ void BatchReader::close() noexcept {
   // Workers are gone: nothing writes into the slots any more. The jobs are
   // dropped outside the lock: freeing a slot may take the GIL, which a thread
   // reading ready() or pending() may hold while it waits for this lock.
-  std::deque<std::shared_ptr<Job>> dropped;
+  std::deque<std::shared_ptr<Job>> dropped, planned;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     dropped.swap(inflight_);
+    planned.swap(planned_);
   }
 }
 
@@ -231,56 +234,174 @@ void BatchReader::add_split_slot(const std::vector<std::pair<uint8_t*, size_t>>&
   pool_->add_split(std::move(data), std::move(owner), reusable);
 }
 
-bool BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> params) {
+void BatchReader::check_batch(const uint64_t* indices, size_t count, size_t params, const Permutation* order) const {
   const size_t per_sample = transforms_ ? transforms_->num_params() : 0;
-  if (params.size() != indices.size() * per_sample) {
-    throw FastloadError("submit: " + std::to_string(params.size()) + " transform parameters for " +
-                        std::to_string(indices.size()) + " samples, expected " + std::to_string(per_sample) +
-                        " per sample");
+  if (params != count * per_sample) {
+    throw FastloadError("submit: " + std::to_string(params) + " transform parameters for " + std::to_string(count) +
+                        " samples, expected " + std::to_string(per_sample) + " per sample");
   }
-  if (indices.size() > capacity_) {
-    throw FastloadError("submit: " + std::to_string(indices.size()) + " samples exceed the batch capacity " +
+  if (count > capacity_) {
+    throw FastloadError("submit: " + std::to_string(count) + " samples exceed the batch capacity " +
                         std::to_string(capacity_));
   }
-  const uint64_t total = shards_->total_records();
-  for (uint64_t index : indices) {
-    if (index >= total) {
-      throw FastloadError("submit: sample index " + std::to_string(index) + " out of range for " +
-                          std::to_string(total) + " samples");
+  const uint64_t total = order != nullptr ? order->size() : shards_->total_records();
+  for (size_t i = 0; i < count; ++i) {
+    if (indices[i] >= total) {
+      throw FastloadError(std::string("submit: ") + (order != nullptr ? "epoch position " : "sample index ") +
+                          std::to_string(indices[i]) + " out of range for " + std::to_string(total) + " samples");
     }
   }
+}
+
+std::shared_ptr<BatchReader::Job> BatchReader::make_job(std::vector<uint64_t> indices,
+                                                        std::vector<int64_t> params) const {
   auto job = std::make_shared<Job>();
-  if (shards_->lazy()) {  // every shard the batch reads stays attached until it is delivered
-    std::vector<size_t> read = shards_of(*shards_, indices);
-    if (!shards_->pin(read)) return false;
-    job->pins = ShardPins(shards_, std::move(read));
-  }
   job->indices = std::move(indices);
   job->params = std::move(params);
   job->num_chunks = (job->indices.size() + chunk_size_ - 1) / chunk_size_;
   job->chunks_left.store(job->num_chunks);
+  return job;
+}
+
+void BatchReader::start_locked(std::shared_ptr<Job> job) {
+  inflight_.push_back(job);
+  if (job->num_chunks > 0) work_.push_back(std::move(job));
+}
+
+void BatchReader::wake_locked() {
+  // Wake no more workers than there are chunks to take: waking all of them
+  // for a small batch costs more context switches than the batch takes to
+  // decode when there are more threads than cores. A busy worker moves on to
+  // the next job by itself.
+  size_t chunks = 0;
+  for (const auto& job : work_) {
+    chunks += job->num_chunks - std::min(job->num_chunks, job->next_chunk.load(std::memory_order_relaxed));
+    if (chunks >= idle_workers_) break;
+  }
+  const size_t wake = std::min(chunks, idle_workers_);
+  for (size_t i = 0; i < wake; ++i) work_cv_.notify_one();
+}
+
+bool BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> params) {
+  check_batch(indices.data(), indices.size(), params.size(), nullptr);
+  std::shared_ptr<Job> job = make_job(std::move(indices), std::move(params));
+  if (shards_->lazy()) {  // every shard the batch reads stays attached until it is delivered
+    std::vector<size_t> read = shards_of(*shards_, job->indices);
+    if (!shards_->pin(read)) return false;
+    job->pins = ShardPins(shards_, std::move(read));
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (stop_) throw FastloadError("submit: the reader is closed");
+  if (!planned_.empty()) throw FastloadError("submit: planned batches come first (plan() and submit() do not mix)");
   job->slot = pool_->try_acquire();
   if (!job->slot) throw FastloadError("submit: no free batch buffer (add a slot first)");
-  inflight_.push_back(job);
-  if (job->num_chunks > 0) {
-    work_.push_back(job);
-    // Wake no more workers than the job has chunks: waking all of them for a
-    // small batch costs more context switches than the batch takes to decode
-    // when there are more threads than cores. A busy worker moves on to the
-    // next job by itself.
-    const size_t wake = std::min(job->num_chunks, idle_workers_);
-    for (size_t i = 0; i < wake; ++i) work_cv_.notify_one();
-  }
+  start_locked(std::move(job));
+  wake_locked();
   return true;
+}
+
+void BatchReader::plan(const std::vector<uint64_t>& indices, const std::vector<size_t>& sizes,
+                       const std::vector<int64_t>& params, std::shared_ptr<const Permutation> order) {
+  if (shards_->lazy()) throw FastloadError("plan: a lazy shard set's batches are submitted one by one");
+  if (order && order->size() > shards_->total_records()) {
+    throw FastloadError("plan: an epoch order over " + std::to_string(order->size()) + " samples, the shards hold " +
+                        std::to_string(shards_->total_records()));
+  }
+  const size_t per_sample = transforms_ ? transforms_->num_params() : 0;
+  size_t total = 0;
+  for (size_t size : sizes) {
+    if (size == 0 || size > capacity_) {
+      throw FastloadError("plan: a batch of " + std::to_string(size) + " samples (capacity " +
+                          std::to_string(capacity_) + ")");
+    }
+    total += size;  // each at most the capacity: no overflow before it passes indices.size()
+    if (total > indices.size()) break;
+  }
+  if (total != indices.size()) {
+    throw FastloadError("plan: the batch sizes do not add up to the " + std::to_string(indices.size()) + " indices");
+  }
+  if (params.size() != total * per_sample) {
+    throw FastloadError("plan: " + std::to_string(params.size()) + " transform parameters for " +
+                        std::to_string(total) + " samples, expected " + std::to_string(per_sample) + " per sample");
+  }
+  std::vector<std::shared_ptr<Job>> jobs;
+  jobs.reserve(sizes.size());
+  size_t at = 0;
+  for (size_t size : sizes) {
+    check_batch(indices.data() + at, size, size * per_sample, order.get());
+    jobs.push_back(make_job(std::vector<uint64_t>(indices.begin() + static_cast<std::ptrdiff_t>(at),
+                                                  indices.begin() + static_cast<std::ptrdiff_t>(at + size)),
+                            std::vector<int64_t>(params.begin() + static_cast<std::ptrdiff_t>(at * per_sample),
+                                                 params.begin() + static_cast<std::ptrdiff_t>((at + size) * per_sample))));
+    jobs.back()->order = order;
+    at += size;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_) throw FastloadError("plan: the reader is closed");
+  for (auto& job : jobs) planned_.push_back(std::move(job));
+  submit_planned_locked();
+  wake_locked();
+}
+
+void BatchReader::set_window(size_t window, size_t first_window) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  window_ = std::max<size_t>(1, window);
+  first_window_ = std::max<size_t>(1, first_window);
+}
+
+size_t BatchReader::window_locked() const { return delivered_any_ ? window_ : std::min(window_, first_window_); }
+
+void BatchReader::submit_planned_locked() {
+  const size_t window = window_locked();
+  while (!planned_.empty() && inflight_.size() < window) {
+    std::shared_ptr<Slot> slot = pool_->try_acquire();
+    if (!slot) return;
+    std::shared_ptr<Job> job = std::move(planned_.front());
+    planned_.pop_front();
+    job->slot = std::move(slot);
+    start_locked(std::move(job));
+  }
+}
+
+void BatchReader::refill_locked() {
+  submit_planned_locked();
+  // work_ may still hold a finished job (a worker drops it once it finds no chunk left), even with
+  // nothing in flight.
+  if (idle_workers_ == 0 || work_.empty() || inflight_.empty()) return;
+  // Idle workers are woken once half the window is left to them (batches not
+  // yet taken up), or while the oldest batch has chunks nobody took (the
+  // consumer is about to wait for it), not for every batch the window moves
+  // on: a wake is a system call, and on a virtual machine an interrupt to
+  // another CPU, a large part of the consumer's work per batch.
+  const size_t taken = inflight_.size() - std::min(inflight_.size(), work_.size());
+  const Job& oldest = *inflight_.front();
+  if (taken * 2 <= window_locked() || oldest.next_chunk.load(std::memory_order_relaxed) < oldest.num_chunks) {
+    wake_locked();
+  }
+}
+
+size_t BatchReader::planned() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return planned_.size();
+}
+
+size_t BatchReader::slots_wanted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t room = window_locked() - std::min(window_locked(), inflight_.size());
+  const size_t wanted = std::min(room, planned_.size());
+  const size_t free = pool_->free_count();
+  return wanted > free ? wanted - free : 0;
 }
 
 std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds timeout) {
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   if (stop_) throw FastloadError("wait_next: the reader is closed");
-  if (inflight_.empty()) throw FastloadError("wait_next: no batch was submitted");
+  refill_locked();
+  if (inflight_.empty()) {
+    throw FastloadError(planned_.empty() ? "wait_next: no batch was submitted"
+                                         : "wait_next: no free batch buffer for the next planned batch (add a slot)");
+  }
   const bool ready = done_cv_.wait_for(
       lock, timeout, [this] { return stop_ || inflight_.empty() || inflight_.front()->chunks_left.load() == 0; });
   wait_ns_.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
@@ -289,6 +410,8 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
   if (inflight_.empty()) throw FastloadError("wait_next: the batch was taken by another thread");
   std::shared_ptr<Job> job = std::move(inflight_.front());
   inflight_.pop_front();
+  delivered_any_ = true;
+  refill_locked();  // the window moves on by one (a slot the consumer gave back since, if any)
   lock.unlock();
   job->pins.release();  // every chunk is done: its shards may be detached from now on
   if (job->error) {
@@ -317,6 +440,7 @@ void BatchReader::worker_main() {
   for (;;) {
     if (!job) {
       std::unique_lock<std::mutex> lock(mutex_);
+      submit_planned_locked();  // a free slot and room in the window: the next planned batch, with no wake
       ++idle_workers_;
       work_cv_.wait(lock, [this] { return stop_ || !work_.empty(); });
       --idle_workers_;
@@ -362,19 +486,34 @@ void BatchReader::worker_main() {
 void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scratch& scratch) {
   const size_t begin = chunk * chunk_size_;
   const size_t end = std::min(begin + chunk_size_, job.indices.size());
+  // index[i] for i in [begin, end): the sample indices, mapped here from epoch positions when the batch was
+  // planned by position (the epoch order's cost then falls on the workers, not on the consumer).
+  const uint64_t* index = job.indices.data();
+  if (job.order) {
+    scratch.indices.resize(job.indices.size());
+    for (size_t i = begin; i < end; ++i) scratch.indices[i] = (*job.order)(job.indices[i]);
+    index = scratch.indices.data();
+  }
   std::vector<uint8_t*> dest(fields_.size());
   std::vector<uint8_t*> out(fields_.size());  // the slot rows; dest differs for transformed fields
   uint64_t read_ns = 0, decode_ns = 0, bytes_read = 0, transform_ns = 0;
   const uint64_t decompress_before = decoder.decompress_ns();
+  // One clock read per stage boundary, each stage's end the next one's start: reading the clock is a
+  // noticeable part of a small record's cost (about a tenth with two reads per stage).
+  auto mark = std::chrono::steady_clock::now();
+  const auto lap = [&mark](uint64_t& total) {
+    const auto now = std::chrono::steady_clock::now();
+    total += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count());
+    mark = now;
+  };
   for (size_t i = begin; i < end; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    if (i + 1 < end) shards_->prefetch(job.indices[i + 1]);
-    const auto [shard, key] = shards_->locate(job.indices[i]);
+    if (i + 1 < end) shards_->prefetch(index[i + 1]);
+    const auto [shard, key] = shards_->locate(index[i]);
     const ShardFile& file = shards_->shard(shard);
     if (const uint32_t delay = read_delay_us_.load(std::memory_order_relaxed); delay != 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(delay));  // tests only (set_read_delay_for_tests)
     }
-    read_ns += elapsed_ns(t0);
+    lap(read_ns);
     for (size_t f = 0; f < fields_.size(); ++f) {
       if (!decode_[f]) {
         dest[f] = out[f] = nullptr;
@@ -384,7 +523,6 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scra
       out[f] = base + i * static_cast<size_t>(sample_bytes_[f]);
       dest[f] = transforms_ && transforms_->transforms(f) ? scratch.decoded[f].data() : out[f];
     }
-    t0 = std::chrono::steady_clock::now();
     try {
       const MappedReadScope reading(file.mapping());
       const auto [data, size] = file.record(key);
@@ -395,14 +533,13 @@ void BatchReader::run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scra
       throw CorruptRecordError(file.path(), key, err.what());
     }
     file.check_unchanged();
-    decode_ns += elapsed_ns(t0);
+    lap(decode_ns);
     if (transforms_) {
-      t0 = std::chrono::steady_clock::now();
       const int64_t* params = job.params.data() + i * transforms_->num_params();
       for (size_t f = 0; f < fields_.size(); ++f) {
         if (dest[f] != out[f]) transforms_->run(f, dest[f], out[f], params, scratch.a.data(), scratch.b.data());
       }
-      transform_ns += elapsed_ns(t0);
+      lap(transform_ns);
     }
   }
   uint64_t decoded = 0;

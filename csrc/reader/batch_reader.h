@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "format/record_decoder.h"
+#include "reader/permutation.h"
 #include "reader/shard_reader.h"
 #include "reader/slot_pool.h"
 #include "transforms/pipeline.h"
@@ -124,9 +125,36 @@ class BatchReader {
   // pipeline's num_params() per sample (row-major).
   bool submit(std::vector<uint64_t> indices, std::vector<int64_t> params = {});
 
+  // Plans batches ahead: the reader submits them itself, in order, keeping
+  // at most window() batches submitted and not yet delivered, each as soon as
+  // a slot is free (in wait_next(), on the consumer's thread). A consumer
+  // that plans its epoch a stretch at a time then only calls wait_next() per
+  // batch. `indices` holds the batches' sample indices one after another,
+  // `sizes` each batch's count (1 to the capacity), `params` the pipeline's
+  // num_params() per sample (row-major). Everything is checked before
+  // anything is queued. Throws FastloadError over a lazy ShardSet (its
+  // batches are gated on downloads by the caller, through submit()), when
+  // closed, or on a bad index, size or parameter count.
+  // With `order`, the values are positions of that epoch order (each below its
+  // size, which is at most the shards' records) and each worker maps those of
+  // its chunk to sample indices: the order's cost falls on the workers.
+  void plan(const std::vector<uint64_t>& indices, const std::vector<size_t>& sizes,
+            const std::vector<int64_t>& params = {}, std::shared_ptr<const Permutation> order = nullptr);
+  // Planned batches submitted and not yet delivered: at most `window` (at
+  // least 1), and at most `first_window` until the first batch is delivered,
+  // so that the first batch does not wait for the others' slots.
+  void set_window(size_t window, size_t first_window);
+  // Planned batches not yet submitted.
+  size_t planned() const;
+  // How many free slots the planned batches lack now to fill the window: add
+  // that many before wait_next(), or the window stays short of them.
+  size_t slots_wanted() const;
+
   // The oldest submitted batch once complete; nullopt when `timeout` passes
-  // first. Rethrows that batch's error. Throws FastloadError if nothing is
-  // pending or the reader is closed.
+  // first. Submits planned batches first, as the window and the free slots
+  // allow. Rethrows that batch's error. Throws FastloadError if nothing is
+  // pending (nothing submitted, or planned batches and no free slot) or the
+  // reader is closed.
   std::optional<CompletedBatch> wait_next(std::chrono::milliseconds timeout);
 
   size_t pending() const;
@@ -148,6 +176,14 @@ class BatchReader {
   void worker_main();
   struct Scratch;
   void run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scratch& scratch);
+  std::shared_ptr<Job> make_job(std::vector<uint64_t> indices, std::vector<int64_t> params) const;
+  // Throws unless count fits a slot, params matches it and every index is in range (below order's size, with one).
+  void check_batch(const uint64_t* indices, size_t count, size_t params, const Permutation* order) const;
+  void start_locked(std::shared_ptr<Job> job);  // into inflight_ and work_ (wakes nobody)
+  void wake_locked();                           // idle workers, as many as there are chunks to take
+  void submit_planned_locked();                 // planned_ into the window, as free slots allow
+  void refill_locked();                         // the consumer's: submit_planned_locked, and wake if due
+  size_t window_locked() const;
 
   std::shared_ptr<const ShardSet> shards_;
   std::vector<FieldSpec> fields_;
@@ -169,6 +205,10 @@ class BatchReader {
   std::condition_variable done_cv_;
   std::deque<std::shared_ptr<Job>> work_;      // jobs with chunks not yet claimed
   std::deque<std::shared_ptr<Job>> inflight_;  // every undelivered job, in order
+  std::deque<std::shared_ptr<Job>> planned_;   // planned jobs not yet submitted (no slot yet), in order
+  size_t window_ = 1;                          // set_window (guarded by mutex_)
+  size_t first_window_ = 1;
+  bool delivered_any_ = false;                 // a batch was delivered (guarded by mutex_)
   bool stop_ = false;
   size_t idle_workers_ = 0;  // workers blocked on work_cv_ (guarded by mutex_)
   std::atomic<bool> stop_flag_{false};  // stop_, readable without the lock between chunks

@@ -2,13 +2,6 @@
 
 namespace fastload {
 
-uint64_t mix64(uint64_t z) noexcept {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 Permutation::Permutation(uint64_t seed, uint64_t epoch, uint64_t n) : n_(n) {
   unsigned bits = 0;
   for (uint64_t v = n > 0 ? n - 1 : 0; v != 0; v >>= 1) ++bits;

@@ -164,6 +164,110 @@ void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& or
   CHECK(reader.stats().samples == kSamples);
 }
 
+// Batches planned ahead (BatchReader::plan): the reader submits them itself,
+// in order, no more than the window (the first window until the first batch
+// is out), each when a slot is free. Planned by position of the epoch order
+// of DIR/order.txt, the workers map the positions: every sample arrives in
+// that order. Planned by index, the same. Bad plans are refused whole.
+void test_planned_read(const fs::path& dir, const std::vector<uint64_t>& order) {
+  std::ifstream in(dir / "order.txt");
+  uint64_t seed = 0, epoch = 0, n = 0;
+  in >> seed >> epoch >> n;
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dir / "dataset"), shard_counts());
+  for (const bool by_position : {true, false}) {
+    ReaderOptions options;
+    options.batch_capacity = 32;
+    options.num_threads = 3;
+    options.shard_fingerprints = written_fingerprints(*shards);
+    BatchReader reader(shards, kFields, options);
+    reader.set_window(4, 2);
+    std::vector<uint64_t> values(n);
+    for (uint64_t k = 0; k < n; ++k) values[k] = by_position ? k : order[k];
+    std::vector<size_t> sizes;
+    for (uint64_t left = n; left > 0; left -= std::min<uint64_t>(left, 32)) sizes.push_back(std::min<uint64_t>(left, 32));
+    const auto permutation = by_position ? std::make_shared<const Permutation>(seed, epoch, n) : nullptr;
+    // In two stretches, the second planned while batches of the first are in flight.
+    const size_t half = sizes.size() / 2;
+    const std::vector<size_t> first_sizes(sizes.begin(), sizes.begin() + static_cast<long>(half));
+    const std::vector<size_t> second_sizes(sizes.begin() + static_cast<long>(half), sizes.end());
+    const size_t split = half * 32;
+    reader.plan(std::vector<uint64_t>(values.begin(), values.begin() + static_cast<long>(split)), first_sizes, {},
+                permutation);
+    CHECK(reader.slots_wanted() == 2);  // the first window, no slot yet
+    bool refused = false;
+    try {
+      reader.wait_next(std::chrono::milliseconds(10));
+    } catch (const FastloadError& e) {
+      refused = std::string(e.what()).find("no free batch buffer") != std::string::npos;
+    }
+    CHECK(refused);
+    std::vector<std::vector<uint8_t>> memory;
+    auto add_wanted = [&] {
+      for (size_t k = reader.slots_wanted(); k > 0; --k) {
+        memory.emplace_back(reader.slot_bytes());
+        reader.pool()->add(memory.back().data(), memory.back().size(), nullptr);
+      }
+    };
+    uint64_t good = 0, position = 0;
+    size_t batches = 0;
+    bool second_planned = false;
+    while (position < n) {
+      add_wanted();
+      CHECK(reader.pending() <= (batches == 0 ? 2u : 4u));
+      auto batch = reader.wait_next(std::chrono::milliseconds(60000));
+      CHECK(batch.has_value());
+      if (!batch) break;
+      CHECK(batch->count == sizes[batches]);
+      for (size_t k = 0; k < batch->count; ++k, ++position) {
+        const uint8_t* image = batch->slot->data + reader.field_offset(0) + k * kFields[0].decoded_bytes;
+        const uint8_t* label = batch->slot->data + reader.field_offset(1) + k * kFields[1].decoded_bytes;
+        good += sample_ok(order[position], image, label);
+      }
+      ++batches;
+      if (!second_planned) {
+        reader.plan(std::vector<uint64_t>(values.begin() + static_cast<long>(split), values.end()), second_sizes, {},
+                    permutation);
+        second_planned = true;
+      }
+    }
+    CHECK(good == n);
+    CHECK(batches == sizes.size() && reader.planned() == 0 && reader.pending() == 0);
+    CHECK(memory.size() <= 5);  // the window and the batch the consumer held
+    // Refused whole: sizes that do not add up, an empty batch, an index or position out of range, and
+    // submit() while planned batches wait.
+    const auto refuses = [&](auto&& call) {
+      try {
+        call();
+      } catch (const FastloadError&) {
+        return true;
+      }
+      return false;
+    };
+    CHECK(refuses([&] { reader.plan({0, 1, 2}, {2}, {}, permutation); }));
+    CHECK(refuses([&] { reader.plan({0, 1}, {0, 2}, {}, permutation); }));
+    CHECK(refuses([&] { reader.plan({0, 1}, {33}, {}, permutation); }));
+    CHECK(refuses([&] { reader.plan({0, kSamples}, {2}, {}, permutation); }));
+    CHECK(refuses([&] { reader.plan({0}, {1}, {}, std::make_shared<const Permutation>(seed, epoch, kSamples + 1)); }));
+    CHECK(reader.planned() == 0);
+    reader.plan({0, 1, 2, 3, 4, 5, 6, 7}, std::vector<size_t>(8, 1), {}, permutation);  // 4 wait for the window
+    CHECK(reader.planned() == 4);
+    CHECK(refuses([&] { reader.submit({0}); }));
+    reader.close();  // its workers are joined before `memory`, which they may still be writing, is freed
+  }
+  // A lazy set's batches are gated one by one by their caller: not planned.
+  ReaderOptions options;
+  options.batch_capacity = 4;
+  options.shard_fingerprints = written_fingerprints(*shards);
+  BatchReader lazy_reader(std::make_shared<const ShardSet>(shard_counts()), kFields, options);
+  bool refused = false;
+  try {
+    lazy_reader.plan({0}, {1});
+  } catch (const FastloadError&) {
+    refused = true;
+  }
+  CHECK(refused);
+}
+
 // A lazy set: a record of a shard not attached is a FastloadError; shards
 // attached from several threads at once (each twice) read as the eager set.
 void test_lazy_attach(const fs::path& dataset) {
@@ -689,6 +793,7 @@ int main(int argc, char** argv) {
   try {
     const std::vector<uint64_t> order = test_order(dir);
     test_threaded_read(dataset, order);
+    test_planned_read(dir, order);
     test_pool_carried_over(dataset);
     test_swapped_shards_refused(dataset);
     test_lazy_attach(dataset);

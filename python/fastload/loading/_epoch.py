@@ -53,6 +53,7 @@ class EpochIterator:
         self._inner: Iterator[Batch] | None = None
         self.epoch: int | None = None
         self.plan: EpochPlan | None = None
+        self._length = 0  # len(self.plan), once begun
         self.delivered = 0
         self.finished = False  # ended: complete or abandoned
         self.complete = False
@@ -85,9 +86,9 @@ class EpochIterator:
             raise StopIteration
         if self._inner is None:
             self.epoch, self.plan, self._inner = self._hooks.begin(self)
+            self._length = len(self.plan)
             self._started = time.perf_counter()
-        assert self.plan is not None
-        if self.delivered >= len(self.plan):  # an empty plan: complete without a batch
+        if self.delivered >= self._length:  # an empty plan: complete without a batch
             self._end(complete=True)
             raise StopIteration
         start = time.perf_counter()
@@ -100,10 +101,10 @@ class EpochIterator:
             self._wait += time.perf_counter() - start
         if batch is None:  # the batches ran out before the plan did: never pass that off as an epoch's end
             self._end(complete=False)
-            raise FastloadError(f"a pass over {len(self.plan)} batches stopped after {self.delivered}")
+            raise FastloadError(f"a pass over {self._length} batches stopped after {self.delivered}")
         self.delivered += 1
         self._samples += _batch_len(batch)
-        if self.delivered == len(self.plan):
+        if self.delivered == self._length:
             self._end(complete=True)  # the last batch: the epoch is complete now, not on an extra next()
         return batch
 
@@ -186,4 +187,7 @@ def _batch_len(batch: Any) -> int:
     """Return the samples of a batch: a dict of tensors, or a tuple (``output=``); 0 if it cannot tell."""
     first = next(iter(batch.values()), None) if isinstance(batch, dict) else (
         batch[0] if isinstance(batch, (tuple, list)) and batch else None)
-    return len(first) if isinstance(first, torch.Tensor) and first.dim() > 0 else 0
+    if not isinstance(first, torch.Tensor):
+        return 0
+    shape = first.shape  # shape[0] costs a third of len(tensor), once per batch
+    return shape[0] if shape else 0

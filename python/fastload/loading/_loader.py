@@ -381,7 +381,7 @@ class ShardLoader:
         grouped = isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout
         if self._shards is None:
             self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
-        batch_indices = BatchIndices(plan, native_position_map(order))
+        batch_indices = BatchIndices(plan, native_position_map(order), permutation=native_permutation(order))
         remote_set = self._shards if isinstance(self._shards, RemoteShardSet) else None
         if remote_set is not None and shards_missing(datasets):  # fetch ahead in the order the batches read
             remote_set.want(native_position_map(order)(plan.positions_of_batches(0, len(plan))), self.batch_size)
@@ -479,6 +479,13 @@ class ShardLoader:
             repr(self.dataset))
         return (f"ShardLoader({what}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
                 f"seed={self.seed}, backend={self.backend!r}, num_threads={self.num_threads}, {topology})")
+
+
+def native_permutation(order: EpochOrder | ArrayOrder) -> tuple[int, int, int] | None:
+    """Return ``(seed, epoch, n)`` when ``native_position_map(order)`` is the native epoch permutation, else None."""
+    if isinstance(order, EpochOrder) and order.shuffle:
+        return order.seed, order.epoch, order.n
+    return None
 
 
 def native_position_map(order: EpochOrder | ArrayOrder) -> Callable[[np.ndarray], np.ndarray]:

@@ -36,6 +36,7 @@ NATIVE_IMPORT_ERROR: ImportError | None = _extension.IMPORT_ERROR
 
 
 FIRST_WINDOW = 2  # batches submitted before the first one is delivered
+PLAN_STRETCH = 32  # batches planned into the reader at a time (at least twice the window), when it submits them
 _SUBMIT_ATTEMPTS = 20  # a batch whose shards a bounded cache evicts this often between gate and submit: an error
 
 
@@ -172,6 +173,11 @@ class NativeEpoch:
         self._slots = settings.slots if self._allocator is None else None
         self._pool: Any = self._slots.take() if self._slots is not None else None
         self._gate: RemoteShardSet | None = shards if isinstance(shards, RemoteShardSet) else None
+        # Local shards into plain buffers: the reader submits the batches itself, planned a stretch at a time,
+        # so the consumer's thread does no Python work per batch beyond taking it. Pinned buffers (one fresh
+        # buffer per batch) and remote shards (each batch gated on its downloads) are submitted one by one.
+        self._planned = self._gate is None and self._allocator is None
+        self._stretch = max(PLAN_STRETCH, 2 * settings.prefetch)
         self._reader = _native.BatchReader(
             shards.native if self._gate is not None else shards, [f.native_spec for f in schema],
             [specs[f.name][0] if f.name in specs else f.np_dtype for f in schema],
@@ -186,6 +192,8 @@ class NativeEpoch:
             # The window, the batch in use and the one a loop variable still holds: a consumer that once
             # held a whole epoch (list(loader)) does not leave the loader holding as many buffers.
             self._pool.keep_at_most(settings.prefetch + 2)
+        if self._planned:
+            self._reader.set_window(settings.prefetch, min(settings.prefetch, FIRST_WINDOW))
         self._views: FieldViews | None = None
         self._split = False
         if self._allocator is not None:
@@ -225,6 +233,26 @@ class NativeEpoch:
                                   "before it could be read; raise cache_limit")
             self._next_submit += 1
 
+    def _plan_ahead(self) -> None:
+        """Plan the next stretch of batches into the reader (indices and transform parameters, computed at once)."""
+        first = self._next_submit
+        stop = min(first + self._stretch, self._num_batches)
+        span = getattr(self._batch_indices, "span", None)
+        permutation = getattr(self._batch_indices, "permutation", None)
+        if span is not None and permutation is not None and not self._augment.transforms:
+            # Positions of the epoch permutation: the workers map them (no per-sample parameters need the indices).
+            positions, sizes = span(first, stop, positions=True)
+            self._reader.plan(positions, sizes, None, permutation)
+            self._next_submit = stop
+            return
+        if span is not None:
+            indices, sizes = span(first, stop)
+        else:
+            parts = [np.asarray(self._batch_indices(b), dtype=np.uint64) for b in range(first, stop)]
+            indices, sizes = np.concatenate(parts), [len(p) for p in parts]
+        self._reader.plan(indices, sizes, self._augment.params(self._epoch, indices))
+        self._next_submit = stop
+
     def _new_buffers(self) -> list[torch.Tensor]:
         """Allocate one batch's single-use buffers and add them to the reader; one per decoded field if split."""
         assert self._allocator is not None
@@ -257,6 +285,16 @@ class NativeEpoch:
             self.close()
             raise StopIteration
         try:
+            if self._planned:
+                # Planned a stretch ahead: the next stretch goes in while the window still holds batches.
+                if self._next_submit - self._delivered <= self._settings.prefetch and \
+                        self._next_submit < self._num_batches:
+                    self._plan_ahead()
+                batch = dict(zip(self._names, map(torch.from_numpy, self._reader.next())))
+                for name in self._bf16:
+                    batch[name] = batch[name].view(torch.bfloat16)
+                self._delivered += 1
+                return batch
             self._submit_ahead()
             if self._views is not None:
                 count = self._reader.next_count()

@@ -87,10 +87,27 @@ class BatchIndices:
     batch submitted and the batch delivered may fall in neighbouring windows.
     """
 
-    def __init__(self, plan: EpochPlan, to_indices: Callable[[np.ndarray], np.ndarray], window: int = 32) -> None:
+    def __init__(self, plan: EpochPlan, to_indices: Callable[[np.ndarray], np.ndarray], window: int = 32,
+                 permutation: tuple[int, int, int] | None = None) -> None:
         self._plan, self._to_indices, self._window = plan, to_indices, max(1, window)
+        # (seed, epoch, n) when to_indices is the native epoch permutation: a reader can then be handed positions
+        # (span(..., positions=True)) and map them itself, on its worker threads.
+        self.permutation = permutation
         self._num_batches = len(plan)
         self._windows: list[tuple[int, np.ndarray]] = []  # (first batch, indices), newest last
+
+    def span(self, first: int, stop: int, positions: bool = False) -> tuple[np.ndarray, list[int]]:
+        """Return the sample indices of batches ``first`` to ``stop - 1`` one after another, and each batch's size.
+
+        With ``positions``, their epoch positions instead (what ``to_indices`` maps to the indices).
+        """
+        indices = self._plan.positions_of_batches(first, stop)
+        if not positions:
+            indices = self._to_indices(indices)
+        size = self._plan.batch_size
+        sizes = [size] * (stop - first)
+        sizes[-1] = len(indices) - size * (stop - first - 1)  # the plan's last batch may be short
+        return indices, sizes
 
     def __call__(self, b: int) -> np.ndarray:
         """Return the sample indices of batch ``b``."""
