@@ -143,7 +143,7 @@ def _fingerprint(job: WriteJob) -> str:
 def _clean_partial_files(out_dir: Path, keep: set[str]) -> None:
     for path in out_dir.iterdir():
         name = path.name
-        ours = name.startswith("shard-") or name.endswith((".build", ".tmp"))
+        ours = name.startswith("shard-") or name.endswith((".build", ".compact", ".tmp"))
         if path.is_file() and ours and name not in keep:
             path.unlink()
 

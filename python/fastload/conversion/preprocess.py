@@ -170,7 +170,8 @@ def _leftovers_only(out: Path) -> bool:
         if path.is_dir() and path.name in ("train", "val"):
             if not _leftovers_only(path):
                 return False
-        elif not (path.is_file() and path.name.startswith(".shard-") and path.name.endswith((".build", ".tmp"))):
+        elif not (path.is_file() and path.name.startswith(".shard-")
+                  and path.name.endswith((".build", ".compact", ".tmp"))):
             return False
     return True
 

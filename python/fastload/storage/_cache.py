@@ -42,13 +42,14 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import xxhash
 
 from ..errors import ArgumentError, ArgumentTypeError, RemoteError, RemoteNotFoundError
 from ..format._manifest import HASH_ALGORITHM, ShardInfo
+from ..format._page_cache import write_aligned
 from ._client import RemoteRoot
 from ._locks import FileLock
 from ._urls import redact
@@ -356,18 +357,24 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: 
     """
     digest = xxhash.xxh3_128()
     size = 0
+
+    def checked_chunks() -> Iterator[bytes]:
+        nonlocal size
+        for chunk in root.stream(shard.file):
+            size += len(chunk)
+            if size > shard.bytes:
+                return  # said below
+            if stop is not None and stop.is_set():
+                raise DownloadStopped(shard.file)
+            digest.update(chunk)
+            yield chunk
+
     try:
-        with open(part, "r+b") as f:
-            for chunk in root.stream(shard.file):
-                size += len(chunk)
-                if size > shard.bytes:
-                    return f"more than the manifest's {shard.bytes} bytes"
-                if stop is not None and stop.is_set():
-                    raise DownloadStopped(shard.file)
-                digest.update(chunk)
-                f.write(chunk)
+        with open(part, "r+b", buffering=0) as f:
+            write_aligned(f, checked_chunks())  # 2 MiB folios in the page cache, where the filesystem makes them
+            if size > shard.bytes:
+                return f"more than the manifest's {shard.bytes} bytes"
             f.truncate(size)  # a reservation at full size, or an earlier attempt's bytes, end here
-            f.flush()
             os.fsync(f.fileno())
         if size != shard.bytes:
             return f"{size} bytes, the manifest says {shard.bytes}"
