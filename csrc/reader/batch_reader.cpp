@@ -234,20 +234,21 @@ void BatchReader::add_split_slot(const std::vector<std::pair<uint8_t*, size_t>>&
   pool_->add_split(std::move(data), std::move(owner), reusable);
 }
 
-void BatchReader::check_batch(const uint64_t* indices, size_t count, size_t params, const Permutation* order) const {
+void BatchReader::check_batch(const char* what, const uint64_t* indices, size_t count, size_t params,
+                              const Permutation* order) const {
   const size_t per_sample = transforms_ ? transforms_->num_params() : 0;
   if (params != count * per_sample) {
-    throw FastloadError("submit: " + std::to_string(params) + " transform parameters for " + std::to_string(count) +
-                        " samples, expected " + std::to_string(per_sample) + " per sample");
+    throw FastloadError(std::string(what) + ": " + std::to_string(params) + " transform parameters for " +
+                        std::to_string(count) + " samples, expected " + std::to_string(per_sample) + " per sample");
   }
   if (count > capacity_) {
-    throw FastloadError("submit: " + std::to_string(count) + " samples exceed the batch capacity " +
+    throw FastloadError(std::string(what) + ": " + std::to_string(count) + " samples exceed the batch capacity " +
                         std::to_string(capacity_));
   }
   const uint64_t total = order != nullptr ? order->size() : shards_->total_records();
   for (size_t i = 0; i < count; ++i) {
     if (indices[i] >= total) {
-      throw FastloadError(std::string("submit: ") + (order != nullptr ? "epoch position " : "sample index ") +
+      throw FastloadError(std::string(what) + ": " + (order != nullptr ? "epoch position " : "sample index ") +
                           std::to_string(indices[i]) + " out of range for " + std::to_string(total) + " samples");
     }
   }
@@ -283,7 +284,7 @@ void BatchReader::wake_locked() {
 }
 
 bool BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> params) {
-  check_batch(indices.data(), indices.size(), params.size(), nullptr);
+  check_batch("submit", indices.data(), indices.size(), params.size(), nullptr);
   std::shared_ptr<Job> job = make_job(std::move(indices), std::move(params));
   if (shards_->lazy()) {  // every shard the batch reads stays attached until it is delivered
     std::vector<size_t> read = shards_of(*shards_, job->indices);
@@ -328,7 +329,7 @@ void BatchReader::plan(const std::vector<uint64_t>& indices, const std::vector<s
   jobs.reserve(sizes.size());
   size_t at = 0;
   for (size_t size : sizes) {
-    check_batch(indices.data() + at, size, size * per_sample, order.get());
+    check_batch("plan", indices.data() + at, size, size * per_sample, order.get());
     jobs.push_back(make_job(std::vector<uint64_t>(indices.begin() + static_cast<std::ptrdiff_t>(at),
                                                   indices.begin() + static_cast<std::ptrdiff_t>(at + size)),
                             std::vector<int64_t>(params.begin() + static_cast<std::ptrdiff_t>(at * per_sample),
@@ -352,6 +353,7 @@ void BatchReader::set_window(size_t window, size_t first_window) {
 size_t BatchReader::window_locked() const { return delivered_any_ ? window_ : std::min(window_, first_window_); }
 
 void BatchReader::submit_planned_locked() {
+  if (stop_) return;  // closed: a worker on its way to idle must not start a batch close() would not drop
   const size_t window = window_locked();
   while (!planned_.empty() && inflight_.size() < window) {
     std::shared_ptr<Slot> slot = pool_->try_acquire();

@@ -178,7 +178,8 @@ class BatchReader {
   void run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scratch& scratch);
   std::shared_ptr<Job> make_job(std::vector<uint64_t> indices, std::vector<int64_t> params) const;
   // Throws unless count fits a slot, params matches it and every index is in range (below order's size, with one).
-  void check_batch(const uint64_t* indices, size_t count, size_t params, const Permutation* order) const;
+  void check_batch(const char* what, const uint64_t* indices, size_t count, size_t params,
+                   const Permutation* order) const;
   void start_locked(std::shared_ptr<Job> job);  // into inflight_ and work_ (wakes nobody)
   void wake_locked();                           // idle workers, as many as there are chunks to take
   void submit_planned_locked();                 // planned_ into the window, as free slots allow
