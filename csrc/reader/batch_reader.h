@@ -127,7 +127,7 @@ class BatchReader {
 
   // Plans batches ahead: the reader submits them itself, in order, keeping
   // at most window() batches submitted and not yet delivered, each as soon as
-  // a slot is free (in wait_next(), on the consumer's thread). A consumer
+  // a slot is free (in wait_next(), and in a worker about to go idle). A consumer
   // that plans its epoch a stretch at a time then only calls wait_next() per
   // batch. `indices` holds the batches' sample indices one after another,
   // `sizes` each batch's count (1 to the capacity), `params` the pipeline's

@@ -4,9 +4,10 @@ Readers map shards. In a fresh process every page of a mapping faults once; the 
 16 small pages per fault, or a whole 2 MiB piece at once when the file sits in the page cache as
 2 MiB folios. Linux (ext4 from 6.16 and XFS, among others) makes a write's folios as large as the
 write and its alignment allow, so a file written in aligned writes of 2 MiB is cached in 2 MiB
-folios. Measured on 50,000 small records (206 MB, page cache warm, 2 threads): the first epoch of a
-fresh process took 4,400 page faults against 1,380, and ran at 0.54-0.71 of the steady state against
-0.79-0.88. Elsewhere these are ordinary writes; nothing depends on the folio size.
+folios. Measured on 50,000 small records (206 MB, page cache warm; docs/benchmarks.md): a fresh
+process's first epoch took 4,600 page faults against 1,600, and ran at 0.84 of its steady state
+against 0.67 (1 thread, with the reader's other changes of issue 26). Elsewhere these are ordinary
+writes; nothing depends on the folio size.
 """
 
 from __future__ import annotations
