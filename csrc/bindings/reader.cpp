@@ -156,15 +156,7 @@ class PyBatchReader {
   bool submit(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& indices,
               const std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& params) {
     std::vector<uint64_t> copy(indices.data(), indices.data() + indices.size());
-    std::vector<int64_t> values;
-    if (params) {
-      if (params->ndim() != 2 || static_cast<size_t>(params->shape(1)) != num_params_ ||
-          params->shape(0) != indices.size()) {
-        throw py::value_error("submit: params must have shape [" + std::to_string(indices.size()) + ", " +
-                              std::to_string(num_params_) + "]");
-      }
-      values.assign(params->data(), params->data() + params->size());
-    }
+    std::vector<int64_t> values = param_values("submit", indices.size(), params);
     BatchReader& r = reader();
     const ConsumerGuard guard(busy_, "submit");
     const GilRelease release;
@@ -185,15 +177,7 @@ class PyBatchReader {
       const auto [seed, epoch, n] = *permutation;
       order = std::make_shared<const Permutation>(seed, epoch, n);
     }
-    std::vector<int64_t> values;
-    if (params) {
-      if (params->ndim() != 2 || static_cast<size_t>(params->shape(1)) != num_params_ ||
-          params->shape(0) != indices.size()) {
-        throw py::value_error("plan: params must have shape [" + std::to_string(indices.size()) + ", " +
-                              std::to_string(num_params_) + "]");
-      }
-      values.assign(params->data(), params->data() + params->size());
-    }
+    std::vector<int64_t> values = param_values("plan", indices.size(), params);
     BatchReader& r = reader();
     const ConsumerGuard guard(busy_, "plan");
     const GilRelease release;
@@ -267,6 +251,18 @@ class PyBatchReader {
   }
 
  private:
+  // The transform parameters of `samples` samples, [samples, num_params] int64 (none when absent).
+  std::vector<int64_t> param_values(
+      const char* what, py::ssize_t samples,
+      const std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& params) const {
+    if (!params) return {};
+    if (params->ndim() != 2 || static_cast<size_t>(params->shape(1)) != num_params_ || params->shape(0) != samples) {
+      throw py::value_error(std::string(what) + ": params must have shape [" + std::to_string(samples) + ", " +
+                            std::to_string(num_params_) + "]");
+    }
+    return std::vector<int64_t>(params->data(), params->data() + params->size());
+  }
+
   // In a forked child: the worker threads are the parent's and may have held
   // the reader's mutexes at the fork, so neither lock nor join; leak instead.
   void abandon() noexcept { static_cast<void>(reader_.release()); }
