@@ -239,18 +239,19 @@ class NativeEpoch:
         stop = min(first + self._stretch, self._num_batches)
         span = getattr(self._batch_indices, "span", None)
         permutation = getattr(self._batch_indices, "permutation", None)
+        params = None
         if span is not None and permutation is not None and not self._augment.transforms:
             # Positions of the epoch permutation: the workers map them (no per-sample parameters need the indices).
-            positions, sizes = span(first, stop, positions=True)
-            self._reader.plan(positions, sizes, None, permutation)
-            self._next_submit = stop
-            return
-        if span is not None:
-            indices, sizes = span(first, stop)
+            values, sizes = span(first, stop, positions=True)
         else:
-            parts = [np.asarray(self._batch_indices(b), dtype=np.uint64) for b in range(first, stop)]
-            indices, sizes = np.concatenate(parts), [len(p) for p in parts]
-        self._reader.plan(indices, sizes, self._augment.params(self._epoch, indices))
+            permutation = None
+            if span is not None:
+                values, sizes = span(first, stop)
+            else:
+                parts = [np.asarray(self._batch_indices(b), dtype=np.uint64) for b in range(first, stop)]
+                values, sizes = np.concatenate(parts), [len(p) for p in parts]
+            params = self._augment.params(self._epoch, values)
+        self._reader.plan(values, sizes, params, permutation)
         self._next_submit = stop
 
     def _new_buffers(self) -> list[torch.Tensor]:
@@ -285,26 +286,20 @@ class NativeEpoch:
             self.close()
             raise StopIteration
         try:
-            if self._planned:
-                # Planned a stretch ahead: the next stretch goes in while the window still holds batches.
-                if self._next_submit - self._delivered <= self._settings.prefetch and \
-                        self._next_submit < self._num_batches:
-                    self._plan_ahead()
-                batch = dict(zip(self._names, map(torch.from_numpy, self._reader.next())))
-                for name in self._bf16:
-                    batch[name] = batch[name].view(torch.bfloat16)
-                self._delivered += 1
-                return batch
-            self._submit_ahead()
+            if not self._planned:
+                self._submit_ahead()
+            elif self._next_submit - self._delivered <= self._settings.prefetch and \
+                    self._next_submit < self._num_batches:
+                self._plan_ahead()  # the next stretch goes in while the window still holds batches
             if self._views is not None:
                 count = self._reader.next_count()
                 batch = self._views(self._buffers.popleft(), count)
             else:
-                batch = {name: torch.from_numpy(a) for name, a in zip(self._names, self._reader.next())}
+                batch = dict(zip(self._names, map(torch.from_numpy, self._reader.next())))
                 for name in self._bf16:
                     batch[name] = batch[name].view(torch.bfloat16)
             self._delivered += 1
-            if self._delivered > 1:  # the first batch goes out now; the window fills on the next call
+            if self._delivered > 1 and not self._planned:  # the first batch goes out now; the window fills next
                 self._submit_ahead()
         except BaseException:
             self.close()
