@@ -104,24 +104,30 @@ class ShardDataset(torch.utils.data.Dataset):
     ``allow_http``, credentials...) plus ``max_retries`` and
     ``retry_timeout_s``; without them credentials come from the standard
     places (``AWS_*`` variables, ``GOOGLE_APPLICATION_CREDENTIALS``, ...).
+    ``predownload`` bounds how far a loader's downloads run ahead of its
+    reader: at most that many shards first read from the next batch on
+    (``"auto"``: 16, twice the downloads at once; ``"all"``: no bound; ``0``:
+    each shard when a batch needs it).
     """
 
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None,
                  verify_checksums: bool = True, split: str | None = None,
                  allow_external_shards: bool = False, storage_options: Any = None,
-                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None) -> None:
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+                 predownload: int | str = "auto") -> None:
         self.url: str | None = None  # a remote dataset's URL (without secrets)
         self._remote: tuple[str, RemoteSpec] | None = None
         self._cached: CachedDataset | None = None
         if is_remote(path):
             assert isinstance(path, str)
-            spec = RemoteSpec.build(storage_options, cache_dir, cache_limit)
+            spec = RemoteSpec.build(storage_options, cache_dir, cache_limit, predownload)
             self._cached = open_remote(path, split, spec)
             self.url, self._remote = self._cached.url, (self._cached.source_url, spec)
             path, split = self._cached.path, None
-        elif storage_options is not None or cache_dir is not None or cache_limit is not None:
-            raise ArgumentError(f"storage_options, cache_dir and cache_limit are for a dataset in object storage "
-                                f"(s3://, gs://, az://, https://), not the local path {str(path)!r}")
+        elif (storage_options is not None or cache_dir is not None or cache_limit is not None
+              or not (isinstance(predownload, str) and predownload == "auto")):
+            raise ArgumentError(f"storage_options, cache_dir, cache_limit and predownload are for a dataset in "
+                                f"object storage (s3://, gs://, az://, https://), not the local path {str(path)!r}")
         self.path = resolve_dataset_path(path, split)  # a root with splits.json needs split=
         self.manifest = load_manifest(self.path)
         self.allow_external_shards = bool(allow_external_shards)

@@ -27,8 +27,8 @@ from ._remote_shards import (
     check_cache_fits,
     fetch_ahead,
     follow_pass,
+    remote_fetchers,
     shards_missing,
-    windowed_fetchers,
 )
 from ._sampler import EpochBatchSampler, EpochSampler
 from ._sampling_setup import WithSource, dataset_fingerprint
@@ -101,7 +101,9 @@ class ShardLoader:
     copy: the same batches, bitwise. ``storage_options`` configure the store
     (``endpoint``, ``region``, ``allow_http`` for a plain-http server,
     credentials, ``max_retries``, ``retry_timeout_s``); by default credentials
-    come from the environment. See docs/remote.md.
+    come from the environment. Shards download in the order the epoch first
+    reads them, at most ``predownload`` shards ahead of the next batch
+    (``"auto"``: 16; ``"all"``: no bound). See docs/remote.md.
 
     ``multiprocessing_context`` is the start method of ``backend="torch"``'s
     workers: ``None`` forks on Linux and takes the platform's default
@@ -144,12 +146,15 @@ class ShardLoader:
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
+        predownload: int | str = "auto",
     ) -> None:
         # The constructor only validates and groups (one spec per concern, _specs.py), then composes them.
         OrderSpec.check_batch_size(batch_size)  # before the dataset is opened, as a DataLoader would
         source = SourceSpec.build(path_or_dataset, split, fields, verify_checksums, allow_external_shards, indices,
                                   {"storage_options": storage_options, "cache_dir": cache_dir,
-                                   "cache_limit": cache_limit})
+                                   "cache_limit": cache_limit,
+                                   "predownload": None if isinstance(predownload, str) and predownload == "auto"
+                                   else predownload})
         indices = source.indices  # a ShardSubset's, when one was passed
         order = OrderSpec.build(source, batch_size, shuffle, seed, drop_last, sample_weights, num_samples,
                                 replacement, shuffle_window)
@@ -353,11 +358,12 @@ class ShardLoader:
             self._sampler.configure(order, plan, epoch)
             datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
             if len(plan) and shards_missing(datasets):  # fetch ahead in the order this rank's batches read
-                fetch_ahead(datasets, np.asarray(order.at(plan.positions_of_batches(0, len(plan)))), self.batch_size)
+                fetch_ahead(datasets, np.asarray(order.at(plan.positions_of_batches(0, len(plan)))), self.batch_size,
+                            lead=self._dataloader.num_workers * (self._dataloader.prefetch_factor or 0))
             inner = iter(self._dataloader) if len(plan) else iter(())
-            windowed = windowed_fetchers(datasets)
-            if windowed and len(plan):  # a dataset larger than its cache evicts by where the pass is
-                inner = follow_pass(inner, windowed)
+            fetchers = remote_fetchers(datasets)
+            if fetchers and len(plan):  # downloads (and a windowed dataset's eviction) follow where the pass is
+                inner = follow_pass(inner, fetchers)
         if self.device is not None or self._transfer_ops is not None:
             ops = self._transfer_ops
             if ops is None:

@@ -39,11 +39,17 @@ def shard_starts(datasets: Sequence[ShardDataset]) -> np.ndarray:
 
 def shard_need_order(starts: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """Return the shards that ``indices`` read, in the order each is first read (int64)."""
+    return first_reads(starts, indices)[0]
+
+
+def first_reads(starts: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return the shards that ``indices`` read in the order each is first read, and where in ``indices`` (int64)."""
     if len(indices) == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     shards = np.searchsorted(starts, np.asarray(indices, dtype=np.int64), side="right") - 1
     unique, first = np.unique(shards, return_index=True)
-    return unique[np.argsort(first, kind="stable")]
+    by_first = np.argsort(first, kind="stable")
+    return unique[by_first], first[by_first].astype(np.int64)
 
 
 def shards_missing(datasets: Sequence[ShardDataset]) -> bool:
@@ -57,14 +63,17 @@ def shards_missing(datasets: Sequence[ShardDataset]) -> bool:
 
 
 def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray, batch_size: int,
-                batch_sizes: Sequence[int] | None = None) -> None:
+                batch_sizes: Sequence[int] | None = None, lead: int = 0) -> None:
     """Have each remote dataset fetch the shards ``indices`` read (global over ``datasets``), first needed first.
 
     The shards of the first batch (``indices[:batch_size]``) get the link to themselves until one
-    of them is whole (``ShardFetcher.want``'s ``first``). A windowed dataset's fetcher also gets the
-    plan (which batch reads which shard) it evicts by; a batch whose shards alone do not fit its
-    window is a RemoteError now, before the pass. ``batch_sizes``: the size of each batch when they
-    differ (a group's share of a concat's batches), else every batch holds ``batch_size``.
+    of them is whole (``ShardFetcher.want``'s ``first``). Each fetcher learns the batch that first
+    reads each shard, so it downloads no further ahead of the reader's position than its
+    ``predownload`` bound (``lead``: batches past the position told that may be read already).
+    A windowed dataset's fetcher also gets the plan (which batch reads which shard) it evicts by; a
+    batch whose shards alone do not fit its window is a RemoteError now, before the pass.
+    ``batch_sizes``: the size of each batch when they differ (a group's share of a concat's
+    batches), else every batch holds ``batch_size``.
     """
     if not any(is_remote_dataset(ds) for ds in datasets):
         return
@@ -83,16 +92,18 @@ def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray, batch_siz
             check_batches_fit(ds, plan)
             ds._cached.fetcher.plan(plan)  # type: ignore[union-attr]
         offset += count
-    order = shard_need_order(starts, indices)
+    order, where = first_reads(starts, indices)
+    needs = batch_of[where]  # the batch that first reads each shard of the order
     first_batch = batch_size if batch_sizes is None else (int(batch_sizes[0]) if len(batch_sizes) else 0)
     urgent = set(shard_need_order(starts, indices[:first_batch]).tolist())
     offset = 0
     for ds in datasets:
         count = len(ds.manifest.shards)
         if is_remote_dataset(ds):
-            mine = order[(order >= offset) & (order < offset + count)] - offset
+            in_ds = (order >= offset) & (order < offset + count)
             first = sum(1 for s in range(offset, offset + count) if s in urgent)
-            ds._cached.fetcher.want(mine.tolist(), first)  # type: ignore[union-attr]
+            ds._cached.fetcher.want((order[in_ds] - offset).tolist(), first,  # type: ignore[union-attr]
+                                    needs[in_ds].tolist(), lead)
         offset += count
 
 
@@ -132,10 +143,9 @@ def check_cache_fits(datasets: Sequence[ShardDataset], shuffle: bool, sampling: 
                                 "raise cache_limit")
 
 
-def windowed_fetchers(datasets: Sequence[ShardDataset]) -> list[Any]:
-    """Return the fetchers of the windowed remote datasets among ``datasets`` (their eviction follows the pass)."""
-    return [ds._cached.fetcher for ds in datasets  # type: ignore[union-attr]
-            if is_remote_dataset(ds) and ds._cached.fetcher.windowed]  # type: ignore[union-attr]
+def remote_fetchers(datasets: Sequence[ShardDataset]) -> list[Any]:
+    """Return the fetchers of the remote datasets among ``datasets`` (their downloads and eviction follow the pass)."""
+    return [ds._cached.fetcher for ds in datasets if is_remote_dataset(ds)]  # type: ignore[union-attr]
 
 
 def follow_pass(batches: Iterator[Any], fetchers: Sequence[Any]) -> Iterator[Any]:
@@ -143,7 +153,8 @@ def follow_pass(batches: Iterator[Any], fetchers: Sequence[Any]) -> Iterator[Any
 
     The torch backend's: batch ``p`` is read (in this process, or by a worker ahead of it) while the
     pass is at ``p`` or before, so no shard a batch not yet delivered reads is evicted as done, and
-    a worker holds the shard it reads.
+    a worker holds the shard it reads. Downloads run ahead of ``p`` by the workers' lead
+    (``fetch_ahead``'s ``lead``) plus the ``predownload`` bound.
     """
     position = 0
     while True:

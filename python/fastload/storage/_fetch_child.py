@@ -48,7 +48,7 @@ class ForkedFetcher:
         """Return how many shards are not in the cache yet."""
         return sum(not self.is_here(i) for i in range(len(self._shards)))
 
-    def want(self, order: Any, first: int = 0) -> None:
+    def want(self, order: Any, first: int = 0, needs: Any = None, lead: int = 0) -> None:
         """Do nothing: the parent process fetches ahead."""
 
     @property

@@ -45,6 +45,7 @@ from ._window import NeedPlan, reserve_room
 DOWNLOAD_THREADS = 8  # concurrent shard downloads (obstore releases the GIL)
 _WAIT_SLICE_S = 0.1  # a waiting thread wakes this often (Ctrl-C is handled between slices)
 _ROOM_RETRY_S = 0.05  # a download with no room tries again this often (or when a reader lets go of shards)
+_AHEAD_WAIT_S = 1.0  # a download waiting for the reader to move on looks again this often (at() wakes it first)
 ROOM_WAIT_S = 60.0  # a shard a reader waits for finds no room in a windowed version this long: an error
 
 
@@ -52,9 +53,14 @@ class ShardFetcher:
     """The shards of one cached remote version: which are here, which to fetch next, and waiting for one."""
 
     def __init__(self, root: RemoteRoot, version: Path, shards: list[ShardInfo],
-                 threads: int = DOWNLOAD_THREADS) -> None:
+                 threads: int = DOWNLOAD_THREADS, ahead: int | None = None) -> None:
+        """``ahead``: at most this many shards are downloaded ahead of the reader (``want``'s bound); None: no bound."""
         self._root, self._version, self._shards = root, version, shards
         self._threads_wanted = max(1, threads)
+        self._ahead = ahead
+        self._first_need: np.ndarray | None = None  # per shard: the batch of the pass that first reads it (inf: none)
+        self._needs_sorted = np.zeros(0)  # the finite first needs, sorted (how many shards are read before a batch)
+        self._lead = 0  # batches past the reported position that may be read already (the torch backend's workers)
         self._cond = threading.Condition()
         self._done = [is_whole(version / s.file, s.bytes) for s in shards]
         self._sizes = np.array([s.bytes for s in shards], dtype=np.int64)
@@ -72,6 +78,7 @@ class ShardFetcher:
         self._waited: set[int] = set()  # shards a reader waits for in ensure()
         self._no_room_since: dict[int, float] = {}
         self._room_waiters = 0  # download threads waiting for room (at() and wake() wake them)
+        self._ahead_waiters = 0  # download threads waiting for the reader to move on (at() wakes them)
         self._pid = os.getpid()
         _LIVE.add(self)
 
@@ -140,7 +147,9 @@ class ShardFetcher:
         with self._cond:
             if position != self._position:
                 self._position = position
-                if self._room_waiters:  # (waking idle download threads per batch costs the reader the GIL)
+                # Waking idle download threads at every batch would cost the reader the GIL: only those
+                # waiting for room, and those waiting for the reader once the next shard is in reach.
+                if self._room_waiters or (self._ahead_waiters and self._queue and self._may_start(self._queue[0])):
                     self._cond.notify_all()
 
     def next_need(self, index: int) -> float:
@@ -157,18 +166,34 @@ class ShardFetcher:
             if self._room_waiters:
                 self._cond.notify_all()
 
-    def want(self, order: Iterable[int], first: int = 0) -> None:
+    def want(self, order: Iterable[int], first: int = 0, needs: Iterable[int] | None = None, lead: int = 0) -> None:
         """Fetch the shards of ``order`` not here yet, in that order, in the background (replaces the queue).
 
-        A shard whose download failed earlier is tried again.
+        A shard whose download failed earlier is tried again; the reader is at batch 0.
 
         ``first``: how many shards at the head of ``order`` the first batch reads. Until one shard is
         whole only that many download at once (at least 2): on a link whose bandwidth the downloads
         share, the first batch's shards then arrive sooner; then all ``threads`` do.
+
+        ``needs``: the batch of the pass that first reads each shard of ``order`` (non-decreasing).
+        With it, and the fetcher's ``ahead`` bound, a shard is downloaded only once it is among the
+        ``ahead`` shards first read from the reader's position (``at``) plus ``lead`` batches on;
+        those the batches before that read, and any a reader waits for, always are.
         """
         with self._cond:
             self._check_open()
-            wanted = list(dict.fromkeys(int(i) for i in order))
+            order = [int(i) for i in order]
+            first_need = np.full(len(self._shards), np.inf)
+            if needs is not None:
+                need_list = [float(n) for n in needs]
+                if len(need_list) != len(order):
+                    raise ValueError("want(): one need per shard of the order")
+                for i, n in zip(reversed(order), reversed(need_list)):  # the first need of a shard listed twice
+                    first_need[i] = n
+            self._first_need = first_need if needs is not None else None
+            self._needs_sorted = np.sort(first_need[np.isfinite(first_need)])
+            self._lead, self._position = max(0, int(lead)), 0
+            wanted = list(dict.fromkeys(order))
             for i in wanted:  # a new pass tries again what failed before (the store may be back)
                 self._errors.pop(i, None)
             self._queue = [i for i in wanted if not self._done[i] and i not in self._running]
@@ -251,14 +276,23 @@ class ShardFetcher:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stop.is_set():
-                    if not self._cond.wait(5.0):  # idle: the thread ends; want() or ensure() starts another
-                        if not self._queue:
-                            self._threads = [t for t in self._threads if t is not threading.current_thread()]
-                            return
-                if self._stop.is_set():
-                    return
-                index = self._queue.pop(0)
+                while True:
+                    while not self._queue and not self._stop.is_set():
+                        if not self._cond.wait(5.0):  # idle: the thread ends; want() or ensure() starts another
+                            if not self._queue:
+                                self._threads = [t for t in self._threads if t is not threading.current_thread()]
+                                return
+                    if self._stop.is_set():
+                        return
+                    pick = self._next_allowed()
+                    if pick is not None:
+                        break
+                    self._ahead_waiters += 1  # the next shards are too far ahead: wait for the reader (at())
+                    try:
+                        self._cond.wait(_AHEAD_WAIT_S)
+                    finally:
+                        self._ahead_waiters -= 1
+                index = self._queue.pop(pick)
                 self._running.add(index)
             error: BaseException | None = None
             try:
@@ -284,6 +318,27 @@ class ShardFetcher:
                     self._urgent = None
                     self._start_threads()  # one shard has ended: all the threads from now on
                 self._cond.notify_all()
+
+    def _next_allowed(self) -> int | None:  # with self._cond held
+        """Return the place in the queue of the next shard to download now, or None (all too far ahead)."""
+        if self._may_start(self._queue[0]):
+            return 0
+        for k, index in enumerate(self._queue):  # a shard a reader waits for goes whatever the bound
+            if index in self._waited:
+                return k
+        return None
+
+    def _may_start(self, index: int) -> bool:  # with self._cond held
+        """Return whether shard ``index`` is within ``ahead`` shards of the reader's position (``want``)."""
+        if self._ahead is None or self._first_need is None or index in self._waited:
+            return True
+        start = self._position + self._lead
+        need = self._first_need[index]
+        if need < start or not math.isfinite(need):  # read by the batches up to the position (or outside the plan)
+            return True
+        before = int(np.searchsorted(self._needs_sorted, need, "left") -
+                     np.searchsorted(self._needs_sorted, start, "left"))
+        return before < self._ahead
 
     def _fetch(self, index: int) -> Path:
         shard = self._shards[index]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArgumentTypeError, DatasetError, RemoteError
+from ..errors import ArgumentError, ArgumentTypeError, DatasetError, RemoteError
 from ..format._manifest import MANIFEST_NAME, load_manifest
 from ..format._manifest_check import MAX_MANIFEST_BYTES
 from ..format._splits import MAX_SPLITS_BYTES, SPLITS_NAME, read_splits
@@ -28,9 +28,13 @@ from ._cache import (
 )
 from ._client import RemoteRoot, StorageOptions
 from ._fetch_child import ForkedFetcher
-from ._fetcher import ShardFetcher
+from ._fetcher import DOWNLOAD_THREADS, ShardFetcher
 from ._locks import FileLock
 from ._urls import join_url, redact
+
+# How many shards are downloaded ahead of the reader by default: twice the downloads at once, so each
+# download thread has its next shard while the reader takes the current ones.
+AUTO_PREDOWNLOAD = 2 * DOWNLOAD_THREADS
 
 
 @dataclass(frozen=True)
@@ -40,15 +44,31 @@ class RemoteSpec:
     storage_options: StorageOptions
     cache_dir: Path
     cache_limit: int | None
+    predownload: int | None = AUTO_PREDOWNLOAD  # shards downloaded ahead of the reader (None: no bound)
 
     @classmethod
     def build(cls, storage_options: Mapping[str, Any] | None, cache_dir: str | os.PathLike | None,
-              cache_limit: int | str | None) -> RemoteSpec:
+              cache_limit: int | str | None, predownload: int | str = "auto") -> RemoteSpec:
         """Check and group the storage arguments of ``ShardDataset`` / ``ShardLoader``."""
         if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
             raise ArgumentTypeError(f"cache_dir must be a path, not {type(cache_dir).__name__}")
         directory = default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser().absolute()
-        return cls(StorageOptions.build(storage_options), directory, parse_cache_limit(cache_limit))
+        return cls(StorageOptions.build(storage_options), directory, parse_cache_limit(cache_limit),
+                   parse_predownload(predownload))
+
+
+def parse_predownload(value: int | str) -> int | None:
+    """Return how many shards may download ahead of the reader (None: no bound).
+
+    ``value``: ``"auto"``, ``"all"`` (no bound) or an int >= 0.
+    """
+    if isinstance(value, str) and value in ("auto", "all"):
+        return AUTO_PREDOWNLOAD if value == "auto" else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(f"predownload must be a number of shards (an int), 'auto' or 'all', not {value!r}")
+    if value < 0:
+        raise ArgumentError(f"predownload must be 0 or more shards (0: each shard when a batch needs it), not {value}")
+    return value
 
 
 class CachedDataset:
@@ -84,7 +104,7 @@ class CachedDataset:
                     self._fetcher = ForkedFetcher(self.source_url, self._spec, self.path, shards, self.url)
                 else:
                     self._fetcher = ShardFetcher(RemoteRoot(self.source_url, self._spec.storage_options),
-                                                 self.path, shards)
+                                                 self.path, shards, ahead=self._spec.predownload)
                 self._fetcher_pid = os.getpid()
             return self._fetcher
 
