@@ -9,11 +9,13 @@ that resumes from another cache directory.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -666,3 +668,27 @@ def test_an_exclusive_lock_is_released_even_when_a_forked_child_holds_its_descri
         again.release()
     finally:
         os.close(copy)
+
+
+def test_interpreter_exit_with_a_finished_remote_pass_still_referenced_is_quiet(tiles, s3, tmp_path):
+    """A script that keeps its loader and iterator in globals: nothing is printed at exit, status 0.
+
+    Found by hand: the pass's ``__del__`` ran late in shutdown and printed "Exception ignored"
+    (``sys`` was None by then).
+    """
+    _, url = tiles
+    script = textwrap.dedent("""
+        import json, os, fastload
+        options = json.loads(os.environ["OPTIONS"])
+        loader = fastload.ShardLoader(os.environ["URL"], batch_size=64, shuffle=True, storage_options=options,
+                                      cache_dir=os.environ["CACHE"])
+        it = iter(loader)
+        for batch in it:
+            pass
+        partial = iter(loader)  # a second pass left open
+        first = next(partial)
+    """)
+    env = {**os.environ, "OPTIONS": json.dumps(s3[2]), "URL": url, "CACHE": str(tmp_path / "c")}
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stderr == "", done.stderr[-3000:]

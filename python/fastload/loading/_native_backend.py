@@ -272,6 +272,9 @@ class NativeEpoch:
     def _forked(self, getpid: Callable[[], int] = os.getpid) -> bool:  # bound now: __del__ may run at shutdown
         return getpid() != self._pid
 
+    def _is_finalizing(self, finalizing: Callable[[], bool] = sys.is_finalizing) -> bool:  # bound now, as _forked
+        return finalizing()
+
     def _wall_s(self, clock: Callable[[], float] = time.perf_counter) -> float:  # bound now, as _forked
         return clock() - self._started
 
@@ -346,9 +349,9 @@ class NativeEpoch:
             reader, self._reader = self._reader, None
             if reader is not None:
                 reader.close()
-            gate = getattr(self, "_gate", None)
-            if gate is not None and not sys.is_finalizing():  # no batch in flight: other processes may evict
-                gate.let_go()
+                gate = getattr(self, "_gate", None)
+                if gate is not None and not self._is_finalizing():  # no batch in flight: other processes may evict
+                    gate.let_go()
             self._buffers.clear()
             pool, self._pool = getattr(self, "_pool", None), None
             slots = getattr(self, "_slots", None)

@@ -73,7 +73,10 @@ class FileLock:
         self.release()
 
     def __del__(self) -> None:
-        self.release()
+        try:
+            self.release()
+        except (AttributeError, TypeError):  # interpreter shutdown (module globals are None): exit closes it
+            pass
 
 
 _EXCLUSIVE: weakref.WeakSet[FileLock] = weakref.WeakSet()  # this process's exclusive locks (for fork)
