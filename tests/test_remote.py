@@ -692,3 +692,27 @@ def test_interpreter_exit_with_a_finished_remote_pass_still_referenced_is_quiet(
     for _ in range(3):
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and done.stderr == "", done.stderr[-3000:]
+
+
+def test_a_warm_cache_is_read_through_planned_batches_and_a_cold_one_through_the_gate(tiles, s3, tmp_path):
+    """A cache holding every shard needs no gate: the reader plans the batches (as for a local copy), same batches."""
+    from fastload.loading import _native_backend
+
+    local, url = tiles
+    kwargs = {"batch_size": 32, "shuffle": True, "seed": 3, "num_threads": 2}
+    expected = batches(fastload.ShardLoader(str(local), **kwargs))
+    for phase, planned in (("cold", False), ("warm", True)):
+        loader = fastload.ShardLoader(url, storage_options=s3[2], cache_dir=tmp_path / "c", **kwargs)
+        it = iter(loader)
+        got = [dict(next(it))]
+        inner = it._inner
+        assert isinstance(inner, _native_backend.NativeEpoch) and inner._planned == planned, phase
+        got += batches(it)
+        assert same(got, expected), phase
+    evicted = next((tmp_path / "c").rglob("shard-00003.lmdb"))
+    evicted.unlink()  # a shard gone from the cache: gated again, fetched again, the same batches
+    loader = fastload.ShardLoader(url, storage_options=s3[2], cache_dir=tmp_path / "c", **kwargs)
+    it = iter(loader)
+    got = [dict(next(it))]
+    assert not it._inner._planned
+    assert same(got + batches(it), expected)

@@ -1,6 +1,7 @@
 #include "reader/batch_reader.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 
 #include "checked_math.h"
@@ -71,7 +72,8 @@ std::vector<size_t> shards_of(const ShardSet& shards, const std::vector<uint64_t
 struct BatchReader::Job {
   std::vector<uint64_t> indices;  // sample indices; positions of `order` when it is set
   std::shared_ptr<const Permutation> order;  // planned by position: the workers map them (plan())
-  ShardPins pins;               // a lazy set's shards this batch reads
+  ShardPins pins;               // a lazy set's shards this batch reads (submit())
+  std::shared_ptr<const ShardPins> plan_pins;  // a lazy set's every shard, held by each batch of a plan
   std::vector<int64_t> params;  // num_params per sample, with transforms
   std::shared_ptr<Slot> slot;
   size_t num_chunks = 0;
@@ -303,7 +305,6 @@ bool BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> par
 
 void BatchReader::plan(const std::vector<uint64_t>& indices, const std::vector<size_t>& sizes,
                        const std::vector<int64_t>& params, std::shared_ptr<const Permutation> order) {
-  if (shards_->lazy()) throw FastloadError("plan: a lazy shard set's batches are submitted one by one");
   if (order && order->size() > shards_->total_records()) {
     throw FastloadError("plan: an epoch order over " + std::to_string(order->size()) + " samples, the shards hold " +
                         std::to_string(shards_->total_records()));
@@ -325,6 +326,16 @@ void BatchReader::plan(const std::vector<uint64_t>& indices, const std::vector<s
     throw FastloadError("plan: " + std::to_string(params.size()) + " transform parameters for " +
                         std::to_string(total) + " samples, expected " + std::to_string(per_sample) + " per sample");
   }
+  std::shared_ptr<const ShardPins> plan_pins;
+  if (shards_->lazy()) {  // every shard attached, and kept so until these batches are delivered or dropped
+    std::vector<size_t> all(shards_->size());
+    std::iota(all.begin(), all.end(), size_t{0});
+    if (!shards_->pin(all)) {
+      throw FastloadError("plan: a lazy shard set's batches are planned only once every shard is attached "
+                          "(submit them one by one until then)");
+    }
+    plan_pins = std::make_shared<const ShardPins>(shards_, std::move(all));
+  }
   std::vector<std::shared_ptr<Job>> jobs;
   jobs.reserve(sizes.size());
   size_t at = 0;
@@ -335,6 +346,7 @@ void BatchReader::plan(const std::vector<uint64_t>& indices, const std::vector<s
                             std::vector<int64_t>(params.begin() + static_cast<std::ptrdiff_t>(at * per_sample),
                                                  params.begin() + static_cast<std::ptrdiff_t>((at + size) * per_sample))));
     jobs.back()->order = order;
+    jobs.back()->plan_pins = plan_pins;
     at += size;
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -416,6 +428,7 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
   refill_locked();  // the window moves on by one (a slot the consumer gave back since, if any)
   lock.unlock();
   job->pins.release();  // every chunk is done: its shards may be detached from now on
+  job->plan_pins.reset();  // (a plan's: once its last batch is delivered)
   if (job->error) {
     // Every chunk is done: no worker touches the slot. It goes back to the
     // pool here, on the consumer's thread, not on whichever worker drops the

@@ -132,9 +132,12 @@ class BatchReader {
   // batch. `indices` holds the batches' sample indices one after another,
   // `sizes` each batch's count (1 to the capacity), `params` the pipeline's
   // num_params() per sample (row-major). Everything is checked before
-  // anything is queued. Throws FastloadError over a lazy ShardSet (its
-  // batches are gated on downloads by the caller, through submit()), when
-  // closed, or on a bad index, size or parameter count.
+  // anything is queued. Over a lazy ShardSet every shard must be attached
+  // (a cache holding the whole dataset): each stays pinned, and so attached,
+  // until every batch of this plan is delivered or dropped; a set with a
+  // shard missing is refused (its batches are gated on downloads by the
+  // caller, through submit()). Throws FastloadError then, when closed, or on
+  // a bad index, size or parameter count.
   // With `order`, the values are positions of that epoch order (each below its
   // size, which is at most the shards' records) and each worker maps those of
   // its chunk to sample indices: the order's cost falls on the workers.

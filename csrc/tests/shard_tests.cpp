@@ -278,18 +278,39 @@ void test_planned_read(const fs::path& dir, const std::vector<uint64_t>& order) 
     stuck += reader.pool()->free_count() != reader.pool()->total_count();
   }
   CHECK(stuck == 0);
-  // A lazy set's batches are gated one by one by their caller: not planned.
+  // A lazy set's batches are planned only once every shard is attached (a
+  // cache holding the whole dataset); each shard then stays attached until
+  // the plan's batches are delivered.
   ReaderOptions options;
   options.batch_capacity = 4;
   options.shard_fingerprints = written_fingerprints(*shards);
-  BatchReader lazy_reader(std::make_shared<const ShardSet>(shard_counts()), kFields, options);
+  const auto paths = shard_paths(dir / "dataset");
+  auto lazy = std::make_shared<ShardSet>(shard_counts());
+  for (size_t i = 0; i + 1 < paths.size(); ++i) lazy->attach(i, paths[i]);
+  BatchReader lazy_reader(lazy, kFields, options);
   bool refused = false;
   try {
     lazy_reader.plan({0}, {1});
   } catch (const FastloadError&) {
     refused = true;
   }
-  CHECK(refused);
+  CHECK(refused && lazy_reader.planned() == 0);
+  CHECK(lazy->detach(0));  // the refused plan pinned nothing
+  lazy->attach(0, paths[0]);
+  lazy->attach(paths.size() - 1, paths.back());
+  const size_t last = paths.size() - 1;
+  lazy_reader.plan({0, last * kPerShard, 1, last * kPerShard + 1}, {2, 2});
+  CHECK(!lazy->detach(0) && !lazy->detach(1));  // a shard no batch reads stays too: the plan holds all
+  std::vector<std::vector<uint8_t>> lazy_memory(2, std::vector<uint8_t>(lazy_reader.slot_bytes()));
+  for (auto& m : lazy_memory) lazy_reader.pool()->add(m.data(), m.size(), nullptr);
+  for (int b = 0; b < 2; ++b) {
+    std::optional<CompletedBatch> batch = lazy_reader.wait_next(std::chrono::milliseconds(60000));
+    CHECK(batch.has_value() && batch->count == 2);
+    if (b == 0) CHECK(!lazy->detach(1));  // still held while a batch of the plan is to come
+    batch.reset();
+  }
+  CHECK(lazy->detach(1) && lazy->detach(0));  // every batch delivered: the plan let go
+  lazy_reader.close();
 }
 
 // A lazy set: a record of a shard not attached is a FastloadError; shards

@@ -173,13 +173,16 @@ class NativeEpoch:
         self._slots = settings.slots if self._allocator is None else None
         self._pool: Any = self._slots.take() if self._slots is not None else None
         self._gate: RemoteShardSet | None = shards if isinstance(shards, RemoteShardSet) else None
-        # Local shards into plain buffers: the reader submits the batches itself, planned a stretch at a time,
-        # so the consumer's thread does no Python work per batch beyond taking it. Pinned buffers (one fresh
-        # buffer per batch) and remote shards (each batch gated on its downloads) are submitted one by one.
+        # Shards all here into plain buffers: the reader submits the batches itself, planned a stretch at a
+        # time, so the consumer's thread does no Python work per batch beyond taking it. Pinned buffers (one
+        # fresh buffer per batch) and remote shards still downloading or windowed (each batch gated on its
+        # shards) are submitted one by one.
+        if self._gate is not None and self._allocator is None and self._gate.complete():
+            self._gate = None  # a warm cache holding the whole dataset: no gate (the plan pins every shard)
         self._planned = self._gate is None and self._allocator is None
         self._stretch = max(PLAN_STRETCH, 2 * settings.prefetch)
         self._reader = _native.BatchReader(
-            shards.native if self._gate is not None else shards, [f.native_spec for f in schema],
+            shards.native if isinstance(shards, RemoteShardSet) else shards, [f.native_spec for f in schema],
             [specs[f.name][0] if f.name in specs else f.np_dtype for f in schema],
             [list(specs[f.name][2]) if f.name in specs else list(f.shape) for f in schema],
             [f.name in wanted for f in schema], batch_size, settings.num_threads, settings.verify_checksums,

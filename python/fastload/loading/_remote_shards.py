@@ -226,6 +226,22 @@ class RemoteShardSet:
             for fetcher in self._fetchers:
                 fetcher.wake()
 
+    def complete(self) -> bool:
+        """Return whether every shard is attached for good: all whole in the cache, no dataset windowed.
+
+        Nothing is detached then (only a windowed dataset's shards are), so the pass's batches need no
+        gate: the native reader may plan them ahead (it keeps every shard attached until they are out).
+        """
+        if any(f.windowed for f in self._fetchers):
+            return False
+        for s in range(len(self._parts)):
+            if not self.native.attached(s):
+                local, fetcher = self._parts[s]
+                if not (fetcher.ready([local]) and self.attach(s)):  # whole, its listener not run for this set
+                    return False
+        self._all_attached = True
+        return True
+
     def _missing(self, indices: np.ndarray) -> list[int]:
         if self._all_attached:
             return []
