@@ -39,11 +39,16 @@ class RecordingFile:
         return size
 
 
-def test_write_aligned_writes_whole_aligned_pieces_and_every_byte():
+@pytest.mark.parametrize("chunking", ["small", "large-views"])
+def test_write_aligned_writes_whole_aligned_pieces_and_every_byte(chunking):
     rng = np.random.default_rng(0)
-    payload = rng.integers(0, 256, 5 * LARGE_WRITE + 12345, dtype=np.uint8).tobytes()
-    cuts = sorted(rng.integers(0, len(payload), 40).tolist())
-    chunks = [payload[a:b] for a, b in zip([0, *cuts], [*cuts, len(payload)])]
+    payload = rng.integers(0, 256, 11 * LARGE_WRITE + 12345, dtype=np.uint8).tobytes()
+    if chunking == "small":
+        cuts = sorted(rng.integers(0, len(payload), 40).tolist())
+    else:  # as a download streams them: views of chunks of several MiB (written from the chunk, no copy)
+        cuts = [3 * LARGE_WRITE + 5, 3 * LARGE_WRITE + 9, 7 * LARGE_WRITE, 9 * LARGE_WRITE + 1]
+    chunks = [memoryview(payload)[a:b] if chunking != "small" else payload[a:b]
+              for a, b in zip([0, *cuts], [*cuts, len(payload)])]
     out = RecordingFile()
     assert write_aligned(out, iter(chunks)) == len(payload)
     assert bytes(out.data) == payload

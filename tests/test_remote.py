@@ -9,6 +9,7 @@ that resumes from another cache directory.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
@@ -25,7 +26,7 @@ import torch
 
 import fastload
 from fastload.errors import ArgumentError, RemoteError, RemoteNotFoundError
-from fastload.storage._cache import parse_cache_limit
+from fastload.storage._cache import UNVERIFIED_SUFFIX, boot_id, parse_cache_limit
 
 moto_server = pytest.importorskip("moto.server", reason="the S3 test server (moto[server]) is not installed")
 boto3 = pytest.importorskip("boto3")
@@ -716,3 +717,37 @@ def test_a_warm_cache_is_read_through_planned_batches_and_a_cold_one_through_the
     got = [dict(next(it))]
     assert not it._inner._planned
     assert same(got + batches(it), expected)
+
+
+@pytest.mark.skipif(boot_id() is None, reason="no boot id on this platform: downloads are fsynced instead")
+def test_after_a_restart_the_cache_is_hashed_again_before_it_is_trusted(tiles, proxy, tmp_path):
+    """Downloads are not fsynced; a restart (another boot id) demotes them, and a torn shard is fetched again."""
+    local, url = tiles
+    fp, options = proxy
+    cache = tmp_path / "c"
+    expected = batches(fastload.ShardLoader(str(local), batch_size=100))
+    assert same(batches(fastload.ShardLoader(url, batch_size=100, storage_options=options, cache_dir=cache)),
+                expected)
+    marker = cache / ".fastload-boot"
+    assert marker.read_text() == boot_id()
+    held = fastload.ShardDataset(url, storage_options=options, cache_dir=cache)  # read by a process of this boot
+    marker.write_text("an-earlier-boot")
+    again = fastload.ShardDataset(url, storage_options=options, cache_dir=cache)
+    assert marker.read_text() == boot_id()
+    assert not list(cache.rglob(f"*{UNVERIFIED_SUFFIX}"))  # a version being read is left alone
+    del held, again
+    gc.collect()
+    marker.write_text("an-earlier-boot")  # the machine restarted
+    torn = next(cache.rglob("shard-00002.lmdb"))
+    data = bytearray(torn.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 4096] = bytes(4096)  # blocks a power loss left unwritten
+    torn.write_bytes(bytes(data))
+    fp.seen.clear()
+    loader = fastload.ShardLoader(url, batch_size=100, storage_options=options, cache_dir=cache)
+    assert marker.read_text() == boot_id()
+    demoted = sorted(p.name for p in cache.rglob(f"*{UNVERIFIED_SUFFIX}"))
+    assert len(demoted) == 11 and not list(cache.rglob("shard-*.lmdb")), demoted
+    assert same(batches(loader), expected)
+    gets = sorted(k for k in fp.seen if k.startswith("GET ") and k.endswith(".lmdb"))
+    assert gets == [f"GET /{BUCKET}/tiles/shard-00002.lmdb"], gets  # the others matched their hash again
+    assert not list(cache.rglob(f"*{UNVERIFIED_SUFFIX}")) and len(list(cache.rglob("shard-*.lmdb"))) == 11

@@ -44,12 +44,20 @@ def write_aligned(out: BinaryIO, chunks: Iterable[bytes | memoryview]) -> int:
     pending = bytearray()
     written = 0
     for chunk in chunks:
-        pending += chunk
-        whole = len(pending) - len(pending) % LARGE_WRITE
-        if whole:
-            write_all(out, memoryview(pending)[:whole])
-            del pending[:whole]
-            written += whole
+        view = memoryview(chunk).cast("B")
+        if pending:  # complete the 2 MiB piece begun before
+            take = min(len(view), LARGE_WRITE - len(pending))
+            pending += view[:take]
+            view = view[take:]
+            if len(pending) < LARGE_WRITE:
+                continue
+            write_all(out, pending)
+            written += len(pending)
+            pending.clear()
+        whole = len(view) - len(view) % LARGE_WRITE
+        write_all(out, view[:whole])  # straight from the chunk: no copy in this process
+        written += whole
+        pending += view[whole:]
     write_all(out, pending)
     return written + len(pending)
 

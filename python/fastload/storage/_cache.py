@@ -6,8 +6,17 @@ reads a local dataset reads it unchanged. A new manifest at the same URL (the da
 a directory of its own; shards are never mixed across versions.
 
 Trust: a file appears under its final name only after its bytes matched the manifest's size and
-``xxh3-128`` hash (downloaded to ``<name>.part-<pid>``, checked, fsynced, renamed). A torn download (a
+``xxh3-128`` hash (downloaded to ``<name>.part-<pid>``, checked, renamed). A torn download (a
 crash, Ctrl-C, a full disk) leaves only a ``.part`` file, which the next holder of the lock deletes.
+
+Durability is scoped to the boot on Linux: a download is not fsynced (the fsync was a quarter of a
+shard's download here), because until the machine restarts every process reads it from the page
+cache, whole. ``<cache_dir>/.fastload-boot`` holds the boot (``/proc/sys/kernel/random/boot_id``)
+whose unsynced files the cache may hold; the first open after a restart (a power loss may have
+left a renamed file's blocks unwritten) renames the shards of every version nobody reads to
+``.<name>.unverified`` (``check_boot``), and each is hashed again before it is used (kept when it
+matches, downloaded again when not). Windowed versions' shards are deleted instead (they come and
+go anyway). Elsewhere (no boot id) each download is fsynced before its rename.
 
 Sharing: processes on one node (ranks, DataLoader workers) share the cache. Making room (eviction)
 and placing a version's manifest are serialised by the cache-wide lock ``.fastload-cache.lock``; each
@@ -48,13 +57,15 @@ from pathlib import Path
 import xxhash
 
 from ..errors import ArgumentError, ArgumentTypeError, RemoteError, RemoteNotFoundError
-from ..format._manifest import HASH_ALGORITHM, ShardInfo
+from ..format._manifest import HASH_ALGORITHM, ShardInfo, file_hash
 from ..format._page_cache import write_aligned
 from ._client import RemoteRoot
 from ._locks import FileLock
 from ._urls import redact
 
 CACHE_DIR_ENV = "FASTLOAD_CACHE_DIR"
+BOOT_MARKER_NAME = ".fastload-boot"  # the boot whose unsynced downloads the cache may hold
+UNVERIFIED_SUFFIX = ".unverified"  # a shard from before a restart, hashed again before use
 _ATTEMPTS = itertools.count()  # makes every download's temporary name unique within the process
 CACHE_LOCK_NAME = ".fastload-cache.lock"
 READERS_LOCK_NAME = ".readers.lock"
@@ -111,6 +122,62 @@ def version_dir(cache_dir: Path, url: str, manifest_bytes: bytes) -> Path:
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", shown).strip("-.")[-48:] or "dataset"
     url_key = hashlib.sha256(redact(url).rstrip("/").encode()).hexdigest()[:16]
     return cache_dir / f"{name}-{url_key}" / hashlib.sha256(manifest_bytes).hexdigest()[:16]
+
+
+def boot_id() -> str | None:
+    """Return the id of this boot of the machine (Linux), or None where there is none (downloads are fsynced)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+# Where the machine has a boot id, downloads are not fsynced: the first open after a restart demotes them.
+SYNC_BY_BOOT = boot_id() is not None
+
+
+def unverified_path(path: Path) -> Path:
+    """Return where shard file ``path`` lies while it waits to be hashed again (after a restart)."""
+    return path.with_name(f".{path.name}{UNVERIFIED_SUFFIX}")
+
+
+def check_boot(cache_dir: Path, current: str | None = None) -> None:
+    """Demote the shards a restart may have torn; call with the cache lock held, before any download.
+
+    When ``cache_dir``'s boot marker names another boot than this one (or none: a new cache, or one
+    an older fastload wrote), the shards of each version no process reads are renamed
+    ``.<name>.unverified`` (deleted, for a windowed version) and the marker is set to this boot. A
+    version a process reads is left alone: that process opened it in this boot, after this check.
+    """
+    current = boot_id() if current is None else current
+    if current is None:
+        return
+    marker = cache_dir / BOOT_MARKER_NAME
+    try:
+        if marker.read_text(encoding="ascii").strip() == current:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    for version in cached_versions(cache_dir):
+        lock = FileLock.try_exclusive(version / READERS_LOCK_NAME)
+        if lock is None:  # being read
+            continue
+        with lock:
+            windowed = window_bytes(version) is not None
+            for name in _shard_names(version):
+                path = version / name
+                if path.is_file():
+                    if windowed:
+                        path.unlink(missing_ok=True)
+                    else:
+                        os.replace(path, unverified_path(path))
+    part = cache_dir / f"{BOOT_MARKER_NAME}.part-{os.getpid()}-{threading.get_ident()}"
+    with open(part, "w", encoding="ascii") as f:
+        f.write(current)
+        f.flush()
+        os.fsync(f.fileno())  # the demotions are renames: durable before (or with) this marker, never after
+    os.replace(part, marker)
 
 
 def cache_lock(cache_dir: Path) -> FileLock:
@@ -253,6 +320,8 @@ def make_room(cache_dir: Path, keep: Path, limit: int | None) -> int | None:
                              " (on Windows a dataset must fit its cache whole)")
                           + "; raise cache_limit or leave it unset")
     _set_window(keep, room)
+    for leftover in keep.glob(f".*{UNVERIFIED_SUFFIX}"):  # a windowed version's shards come and go: not kept whole
+        leftover.unlink(missing_ok=True)
     return room
 
 
@@ -262,6 +331,16 @@ def _shard_sizes(version: Path) -> list[int]:
         return [int(s["bytes"]) for s in doc["shards"]]
     except (OSError, ValueError, KeyError, TypeError):
         return []
+
+
+def _shard_names(version: Path) -> list[str]:
+    """Return the shard file names a version's manifest lists (plain names only; none when it is damaged)."""
+    try:
+        doc = json.loads((version / "manifest.json").read_bytes())
+        names = [str(s["file"]) for s in doc["shards"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [n for n in names if n and "/" not in n and "\\" not in n and n not in (".", "..")]
 
 
 _VERSION_DIR = re.compile(r"[A-Za-z0-9._-]*-[0-9a-f]{16}")
@@ -317,6 +396,8 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
     dest = version / shard.file
     if is_whole(dest, shard.bytes):
         return dest
+    if _reverified(dest, shard):  # from before a restart: hashed again, and kept
+        return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     for stale in dest.parent.glob(dest.name + ".part-*"):  # torn downloads of a process that ended
         stale.unlink(missing_ok=True)
@@ -350,6 +431,25 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
         part.unlink(missing_ok=True)
 
 
+def _reverified(dest: Path, shard: ShardInfo) -> bool:
+    """Return whether shard ``dest``'s copy from before a restart matched the manifest and is now ``dest``.
+
+    A copy that does not match (a power loss tore it) is deleted: the shard is downloaded again.
+    """
+    held = unverified_path(dest)
+    if not held.is_file():
+        return False
+    try:
+        good = held.stat().st_size == shard.bytes and file_hash(held) == shard.hash
+        if good:
+            os.replace(held, dest)
+        else:
+            held.unlink(missing_ok=True)
+    except OSError as err:
+        raise CacheDiskError(f"cache file {held}: {err.strerror or err}") from None
+    return good
+
+
 def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: threading.Event | None) -> str:
     """Download ``shard`` into ``part`` (from its start) and rename it ``dest``; return '' or the problem.
 
@@ -358,7 +458,7 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: 
     digest = xxhash.xxh3_128()
     size = 0
 
-    def checked_chunks() -> Iterator[bytes]:
+    def checked_chunks() -> Iterator[memoryview]:
         nonlocal size
         for chunk in root.stream(shard.file):
             size += len(chunk)
@@ -375,7 +475,8 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: 
             if size > shard.bytes:
                 return f"more than the manifest's {shard.bytes} bytes"
             f.truncate(size)  # a reservation at full size, or an earlier attempt's bytes, end here
-            os.fsync(f.fileno())
+            if not SYNC_BY_BOOT:  # (on Linux a restart demotes it instead: check_boot)
+                os.fsync(f.fileno())
         if size != shard.bytes:
             return f"{size} bytes, the manifest says {shard.bytes}"
         if f"{HASH_ALGORITHM}:{digest.hexdigest()}" != shard.hash:

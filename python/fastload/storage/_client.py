@@ -175,8 +175,11 @@ class RemoteRoot:
         meta = self.call(relpath, "HEAD", lambda: obstore.head(self.store, relpath))
         return int(meta["size"])
 
-    def stream(self, relpath: str) -> Iterator[bytes]:
-        """Yield the object ``relpath`` in chunks, as the server sends it (errors typed, naming the URL)."""
+    def stream(self, relpath: str) -> Iterator[memoryview]:
+        """Yield the object ``relpath`` in chunks, as the server sends it (errors typed, naming the URL).
+
+        Each chunk is a read-only view of obstore's buffer (at least 8 MiB but the last): not copied.
+        """
         obstore = _obstore()
         result = self.call(relpath, "GET", lambda: obstore.get(self.store, relpath))
         chunks = iter(result.stream(min_chunk_size=8 << 20))
@@ -184,7 +187,7 @@ class RemoteRoot:
             chunk = self.call(relpath, "GET (body)", lambda: next(chunks, None))
             if chunk is None:
                 return
-            yield bytes(chunk)
+            yield memoryview(chunk)
 
     def __repr__(self) -> str:
         return f"RemoteRoot({redact(self.url)!r})"

@@ -18,6 +18,7 @@ from ..format._splits import MAX_SPLITS_BYTES, SPLITS_NAME, read_splits
 from ._cache import (
     READERS_LOCK_NAME,
     cache_lock,
+    check_boot,
     default_cache_dir,
     hold_for_reading,
     make_room,
@@ -171,6 +172,7 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Fa
     version = version_dir(spec.cache_dir, url, manifest_bytes)
     try:
         with cache_lock(spec.cache_dir):
+            check_boot(spec.cache_dir)  # first, after a restart: what a power loss may have torn is hashed again
             _place_manifest(version, manifest_bytes)
             try:
                 load_manifest(version)  # validated before a byte of room is made for it
@@ -219,6 +221,11 @@ def reopen_cached(source_url: str, path: Path, spec: RemoteSpec) -> CachedDatase
     URL since. A version evicted meanwhile is opened again; if the URL now holds another version, a
     RemoteError says the dataset changed.
     """
+    try:
+        with cache_lock(spec.cache_dir):  # a copy handed to a process after a restart trusts no unsynced shard
+            check_boot(spec.cache_dir)
+    except OSError as err:
+        raise RemoteError(f"cache {spec.cache_dir}: {err.strerror or err} (opening {redact(source_url)})") from None
     try:
         if hashlib.sha256((path / MANIFEST_NAME).read_bytes()).hexdigest()[:16] == path.name:
             load_manifest(path)
