@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import filecmp
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,9 +26,10 @@ from measure import EpochResult, MemorySampler, extra_info
 from fastload.conversion.preprocess import build_parser, run
 
 pytest.importorskip("moto.server")
-boto3 = pytest.importorskip("boto3")
+pytest.importorskip("boto3")
 pytest.importorskip("obstore")
 Image = pytest.importorskip("PIL.Image")
+from s3_server import moto_process  # noqa: E402  (after the skips: it imports boto3)
 
 BUCKET = "fastload-bench-input"
 SCENES = 8 if QUICK else 64
@@ -51,31 +49,11 @@ def scenes(tmp_path_factory):
         image = np.stack([base, (base + 85) % 256, (base * 3) % 256], axis=-1).astype(np.uint8)
         image = np.clip(image.astype(np.int16) + rng.integers(-3, 4, image.shape), 0, 255).astype(np.uint8)
         Image.fromarray(image).save(folder / f"scene{i:03d}.png")
-    with socket.socket() as probe:  # a free port for the server's own process
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    # Its own process, not a thread of this one: the driver's GIL is not the server's.
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="bench", aws_secret_access_key="bench",
-                          region_name="us-east-1")
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.create_bucket(Bucket=BUCKET)
-            break
-        except Exception:  # not listening yet
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise
-            time.sleep(0.2)
-    for path in sorted(folder.iterdir()):
-        client.upload_file(str(path), BUCKET, f"scenes/{path.name}")
-    options = {"endpoint": endpoint, "access_key_id": "bench", "secret_access_key": "bench", "region": "us-east-1",
-               "allow_http": True}
-    yield folder, f"s3://{BUCKET}/scenes", options
-    server.terminate()
-    server.wait(timeout=30)
+    with moto_process(BUCKET) as (_, client, options):
+        for path in sorted(folder.iterdir()):
+            client.upload_file(str(path), BUCKET, f"scenes/{path.name}")
+        yield folder, f"s3://{BUCKET}/scenes", options
+
 
 
 def timed_conversion(data_dir: str, out: Path, options: dict | None) -> float:

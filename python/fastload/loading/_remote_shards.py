@@ -234,6 +234,8 @@ class RemoteShardSet:
         """
         if any(f.windowed for f in self._fetchers):
             return False
+        if self._all_attached:
+            return True
         for s in range(len(self._parts)):
             if not self.native.attached(s):
                 local, fetcher = self._parts[s]
