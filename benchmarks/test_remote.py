@@ -33,6 +33,7 @@ import fastload
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
 obstore = pytest.importorskip("obstore")
+import peer_litdata  # noqa: E402
 from s3_server import moto_process  # noqa: E402  (after the skips: it imports boto3)
 
 BUCKET = "fastload-bench"
@@ -40,6 +41,7 @@ WINDOW_SHARDS = 13  # the windowed benchmark's copy: a quarter of it holds 3 sha
 REMOTE = [ds for ds in DATASETS if ds.name in ("small-raw", "tiles-raw", "tiles-zstd")]
 ROUNDS = {"rounds": 1, "warmup_rounds": 0} if QUICK else {"rounds": 3, "warmup_rounds": 0}
 THREADS = 8  # fastload.storage._fetcher.DOWNLOAD_THREADS
+PEER_ROUNDS = {"rounds": 1, "warmup_rounds": 0}  # LitData's epochs take seconds to minutes here
 
 
 WINDOWED = [ds for ds in REMOTE if ds.name == "small-raw"]
@@ -67,6 +69,8 @@ def upload_all(client) -> dict[str, str]:
     """Upload every REMOTE dataset (and the windowed copy); return {dataset name: URL}."""
     urls = {}
     copies = [(ds.name, ensure(ds)) for ds in REMOTE] + [(f"{ds.name}-13", windowed_copy(ds)) for ds in WINDOWED]
+    if peer_litdata.available():  # an optional peer: its own format of the same samples
+        copies += [(f"litdata-{ds.name}", peer_litdata.converted(ensure(ds))) for ds in REMOTE]
     for name, local in copies:
         for path in sorted(local.iterdir()):
             if path.is_file() and not path.name.startswith("."):
@@ -182,6 +186,39 @@ class CachePeak:
         self._thread.join()
 
 
+@pytest.mark.parametrize("phase", ["cold", "warm"])
+@pytest.mark.parametrize("ds", REMOTE, ids=lambda d: d.name)
+def test_litdata_epoch(benchmark, s3, ds, phase):
+    """LitData, an optional peer (benchmarks/peer_litdata.py), on the same samples and server, side by side.
+
+    ``cold``: a new ``StreamingDataset`` over an empty cache and one shuffled epoch; ``warm``: an epoch of
+    a loader that read one epoch before the rounds. In this process, without DataLoader workers: with 2
+    (forked) its warm epoch of small records took 118 s here against 1.6 s without (docs/benchmarks.md).
+    """
+    workers = 0
+    options, urls = s3
+    if f"litdata-{ds.name}" not in urls:
+        pytest.skip("litdata is not installed (an optional peer: pip install litdata)")
+    result = EpochResult()
+    with tempfile.TemporaryDirectory(prefix="litdata-bench-cache-") as tmp:
+        caches = iter(range(1000))
+        warm = None
+        if phase == "warm":
+            warm = peer_litdata.loader(urls[f"litdata-{ds.name}"], Path(tmp) / "warm", options, BATCH, workers)
+            for _ in warm:
+                pass
+
+        def make():
+            if warm is not None:
+                return warm
+            return peer_litdata.loader(urls[f"litdata-{ds.name}"], Path(tmp) / f"cold-{next(caches)}", options,
+                                       BATCH, workers)
+
+        benchmark.group = f"remote-{ds.name}"
+        with MemorySampler() as memory:
+            benchmark.pedantic(lambda: run_epoch(make, result), **PEER_ROUNDS)
+    assert result.samples == ds.count
+    benchmark.extra_info.update(extra_info(result, ds.sample_bytes, None, memory))
 
 
 @pytest.mark.parametrize("phase", ["local", "remote-quarter"])
