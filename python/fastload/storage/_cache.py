@@ -56,8 +56,8 @@ from pathlib import Path
 
 import xxhash
 
-from ..errors import ArgumentError, ArgumentTypeError, RemoteError, RemoteNotFoundError
-from ..format._manifest import HASH_ALGORITHM, ShardInfo, file_hash
+from ..errors import ArgumentError, ArgumentTypeError, DatasetError, RemoteError, RemoteNotFoundError
+from ..format._manifest import HASH_ALGORITHM, ShardInfo, file_hash, load_manifest
 from ..format._page_cache import write_aligned
 from ._client import RemoteRoot
 from ._locks import FileLock
@@ -155,9 +155,10 @@ def check_boot(cache_dir: Path, current: str | None = None) -> None:
         return
     marker = cache_dir / BOOT_MARKER_NAME
     try:
-        if marker.read_text(encoding="ascii").strip() == current:
-            return
-    except (OSError, UnicodeDecodeError):
+        with open(marker, "rb") as f:
+            if f.read(256).strip() == current.encode("ascii", "replace"):  # (a boot id is 36 characters)
+                return
+    except OSError:
         pass
     for version in cached_versions(cache_dir):
         lock = FileLock.try_exclusive(version / READERS_LOCK_NAME)
@@ -334,13 +335,11 @@ def _shard_sizes(version: Path) -> list[int]:
 
 
 def _shard_names(version: Path) -> list[str]:
-    """Return the shard file names a version's manifest lists (plain names only; none when it is damaged)."""
+    """Return the shard file names of a version's validated manifest (none when it is damaged: rewritten on open)."""
     try:
-        doc = json.loads((version / "manifest.json").read_bytes())
-        names = [str(s["file"]) for s in doc["shards"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        return [shard.file for shard in load_manifest(version).shards]
+    except (DatasetError, OSError):
         return []
-    return [n for n in names if n and "/" not in n and "\\" not in n and n not in (".", "..")]
 
 
 _VERSION_DIR = re.compile(r"[A-Za-z0-9._-]*-[0-9a-f]{16}")
