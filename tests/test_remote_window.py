@@ -9,6 +9,7 @@ set cannot fit are refused at construction naming the window that fits.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import pickle
 import subprocess
@@ -24,6 +25,7 @@ from test_remote import batches, s3, same, upload  # noqa: F401  (s3: the module
 
 import fastload
 from fastload.errors import ArgumentError, RemoteError
+from fastload.storage._cache import boot_id
 
 
 @pytest.fixture(scope="module")
@@ -335,3 +337,28 @@ def test_a_windowed_dataset_indexed_after_a_pass_makes_room_by_recent_use(big, s
     started = time.monotonic()
     assert [int(dataset[i]["label"]) for i in range(0, 800, 7)] == [i % 10 for i in range(0, 800, 7)]
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.skipif(boot_id() is None, reason="no boot id on this platform: downloads are fsynced instead")
+def test_after_a_restart_a_windowed_versions_shards_are_dropped_not_trusted(big, s3, tmp_path):  # noqa: F811
+    """A windowed version's shards come and go: after a restart (another boot id) they are deleted, then fetched."""
+    local, url = big
+    _, largest = shard_bytes(local)
+    kwargs = {"batch_size": 32, "shuffle": True, "shuffle_window": 1, "seed": 4}
+    cache = tmp_path / "cache"
+    loader = fastload.ShardLoader(url, storage_options=s3[2], cache_dir=cache, cache_limit=2 * largest + 8192,
+                                  **kwargs)
+    expected = batches(fastload.ShardLoader(str(local), **kwargs))
+    assert same(batches(loader), expected)
+    version = loader.dataset._cached.path
+    kept = sorted(version.glob("*.lmdb"))
+    assert kept  # the last window stays after the pass
+    for path in kept:  # torn by a power loss: same size, zeroed
+        path.write_bytes(bytes(path.stat().st_size))
+    del loader
+    gc.collect()
+    (cache / ".fastload-boot").write_text("an-earlier-boot")
+    again = fastload.ShardLoader(url, storage_options=s3[2], cache_dir=cache, cache_limit=2 * largest + 8192,
+                                 **kwargs)
+    assert not list(version.glob("*.lmdb")) and not list(version.glob(".*.unverified"))
+    assert same(batches(again), expected)
