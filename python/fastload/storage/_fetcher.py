@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RemoteError
+from ..errors import ArgumentError, RemoteError
 from ..format._manifest import ShardInfo
 from ._cache import DownloadStopped, NoRoom, fetch_shard, hold_shard, is_whole, shard_lock, window_bytes
 from ._client import RemoteRoot
@@ -187,7 +187,7 @@ class ShardFetcher:
             if needs is not None:
                 need_list = [float(n) for n in needs]
                 if len(need_list) != len(order):
-                    raise ValueError("want(): one need per shard of the order")
+                    raise ArgumentError("want(): one need per shard of the order")
                 for i, n in zip(reversed(order), reversed(need_list)):  # the first need of a shard listed twice
                     first_need[i] = n
             self._first_need = first_need if needs is not None else None
