@@ -386,6 +386,9 @@ void test_detach_pinned(const fs::path& dataset) {
       for (size_t i = 0; i < paths.size(); ++i) {
         if (lazy->detach(i)) lazy->attach(i, paths[i]);
       }
+      // A pause between passes: on a loaded machine (or under Wine, where attaching is slow) a churn
+      // that never pauses left every submit a detached shard (no batch delivered in 300 rounds).
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   });
   size_t delivered = 0;
