@@ -110,3 +110,24 @@ def test_shard_dataset_takes_predownload_and_bad_values_are_typed_errors(tiles, 
         fastload.ShardLoader(str(local), predownload=2)
     with pytest.raises(ArgumentError, match="predownload"):
         fastload.ShardDataset(str(local), predownload=2)
+
+
+@pytest.mark.parametrize("predownload", [0, 1])
+def test_a_tight_bound_in_a_concat_and_a_mix_with_a_local_dataset_gives_the_local_batches(tiles, s3, tmp_path,  # noqa: F811
+                                                                                          predownload):
+    """The bound counts a remote dataset's own shards, wherever its samples fall in a composed epoch."""
+    local, url = tiles
+    kwargs = {"batch_size": 100, "shuffle": True, "seed": 8, "num_threads": 2}
+    for backend in ("native", "torch"):
+        remote = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path / f"{backend}-c",
+                                       predownload=predownload)
+        both = fastload.concat([str(local), remote])
+        expected = fastload.concat([str(local), str(local)])
+        assert same(batches(fastload.ShardLoader(both, backend=backend, **kwargs)),
+                    batches(fastload.ShardLoader(expected, backend=backend, **kwargs))), backend
+        remote = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path / f"{backend}-m",
+                                       predownload=predownload)
+        mixed = fastload.mix([remote, str(local)], weights=[0.5, 0.5], stop="all_exhausted")
+        reference = fastload.mix([str(local), str(local)], weights=[0.5, 0.5], stop="all_exhausted")
+        assert same(batches(fastload.ShardLoader(mixed, fields=["label"], backend=backend, **kwargs)),
+                    batches(fastload.ShardLoader(reference, fields=["label"], backend=backend, **kwargs))), backend
