@@ -134,6 +134,8 @@ class BatchReader:
         """Queue batches (indices one batch after another, each batch's size); the reader submits them itself.
 
         With ``permutation=(seed, epoch, n)`` the values are positions of that epoch order, mapped by the workers.
+        Over a lazy ``ShardSet`` every shard must be attached (else FastloadError): each then stays attached until
+        the plan's last batch is delivered.
         """
     def set_window(self, window: int, first_window: int) -> None:
         """Keep at most ``window`` planned batches in flight (``first_window`` until the first is delivered)."""
