@@ -751,3 +751,28 @@ def test_after_a_restart_the_cache_is_hashed_again_before_it_is_trusted(tiles, p
     gets = sorted(k for k in fp.seen if k.startswith("GET ") and k.endswith(".lmdb"))
     assert gets == [f"GET /{BUCKET}/tiles/shard-00002.lmdb"], gets  # the others matched their hash again
     assert not list(cache.rglob(f"*{UNVERIFIED_SUFFIX}")) and len(list(cache.rglob("shard-*.lmdb"))) == 11
+
+
+def test_a_concat_of_other_layouts_with_a_warm_remote_dataset_is_planned_per_group(tiles, s3, tmp_path):
+    """A concat whose datasets store records differently reads a reader per layout; a warm remote group plans too."""
+    from fastload.loading import _native_backend, _native_groups
+
+    local, url = tiles
+    raw = tmp_path / "raw"
+    source = fastload.ShardDataset(str(local))
+    fastload.write_arrays(raw, {k: v.numpy() for k, v in source.read_batch(range(len(source))).items()},
+                          samples_per_shard=100)  # raw images: another layout than the remote zstd ones
+    remote = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path / "c")
+    assert not fastload.concat([str(raw), remote]).same_layout
+    kwargs = {"batch_size": 64, "shuffle": True, "seed": 6, "num_threads": 2}
+    loader = fastload.ShardLoader(fastload.concat([str(raw), remote]), **kwargs)
+    expected = fastload.ShardLoader(fastload.concat([str(raw), str(local)]), **kwargs)
+    for epoch in range(2):  # cold (gated), then warm (planned)
+        loader.set_epoch(epoch)
+        expected.set_epoch(epoch)
+        it = iter(loader)
+        got = [dict(next(it))]
+        assert isinstance(it._inner, _native_groups.GroupedNativeEpoch)
+        epochs = [e for e in it._inner._epochs if isinstance(e, _native_backend.NativeEpoch)]
+        assert len(epochs) == 2 and all(e._planned for e in epochs) == (epoch == 1), epoch
+        assert same(got + batches(it), batches(expected)), epoch
