@@ -207,17 +207,21 @@ def test_auto_prefetch_holds_about_32_mib_of_pinned_batches():
 
     tiles = 256 * (3 * 128 * 128 + 8)
     small = 256 * (3 * 32 * 32 + 8)
-    # Plain memory, threads within the cores: one batch per thread, at least 4.
+    # Plain memory, threads within the cores: one batch per thread, at least 4, and about 8 MiB of
+    # small batches (at most 16).
     assert auto_prefetch(8, tiles, pin_memory=False, cores=8) == 8
-    assert auto_prefetch(2, small, pin_memory=False, cores=2) == 4
+    assert auto_prefetch(2, tiles, pin_memory=False, cores=2) == 4
+    assert auto_prefetch(2, small, pin_memory=False, cores=2) == 11  # 8 MiB / 788,480 bytes, rounded up
+    assert auto_prefetch(2, 16, pin_memory=False, cores=2) == 16
     assert auto_prefetch(16, small, pin_memory=False, cores=16) == 16
+    assert auto_prefetch(32, small, pin_memory=False, cores=32) == 32
     # More threads than cores: at least 64 MiB of batches (up to 64), never fewer than one per thread.
     assert auto_prefetch(16, small, pin_memory=False, cores=2) == 64
     assert auto_prefetch(3, 4 * small, pin_memory=False, cores=2) == 22
     assert auto_prefetch(3, 16, pin_memory=False, cores=2) == 64
     assert auto_prefetch(100, 16, pin_memory=False, cores=2) == 100
     assert auto_prefetch(8, tiles, pin_memory=False, cores=1) == 8
-    assert auto_prefetch(2, small, pin_memory=False) == (4 if usable_cores() >= 2 else 64)  # this machine's cores
+    assert auto_prefetch(2, small, pin_memory=False) == (11 if usable_cores() >= 2 else 64)  # this machine's cores
     assert auto_prefetch(8, tiles, pin_memory=True) == 3
     assert auto_prefetch(8, 256 * (3 * 32 * 32 + 8), pin_memory=True) == 8
     assert auto_prefetch(1, 10 * 2**30, pin_memory=True) == 2  # never below two

@@ -1,8 +1,10 @@
 """Batches planned ahead into the native reader (issue 26): the reader submits them itself.
 
-A local loader with plain buffers hands the reader a stretch of batches at a time; with a shuffled
-order and no per-sample transform parameters it hands epoch positions, which the workers map
-through the epoch permutation. Whatever the path, the batches are those of the one-by-one path
+A local loader with plain buffers plans into the reader. Over an epoch order (shuffled or not) and
+without per-sample transform parameters it hands the reader the rank's whole plan as six numbers
+(``plan_positions``): the reader works out each batch's positions as its window reaches them, and
+the workers map them through the epoch permutation. Otherwise (weighted sampling, a shuffle window,
+transforms) it hands a stretch of batches' indices at a time. Whatever the path, the batches are those of the one-by-one path
 (pinned-style single-use buffers, standing in for CUDA's), of the torch backend, at any thread
 count, rank, resume point and prefetch.
 """
@@ -143,3 +145,55 @@ def test_bad_plans_are_refused_whole(small_dataset, values, sizes, permutation, 
         assert epoch._reader.planned == 0 and epoch._reader.pending == 0
     finally:
         epoch.close()
+
+
+@pytest.mark.parametrize("options, whole", [
+    (dict(shuffle=True, seed=3), True),
+    (dict(shuffle=False), True),
+    (dict(shuffle=True, seed=7, world_size=3, rank=2, even_batches=False), True),
+    (dict(shuffle=True, seed=9, shuffle_window=2), False),
+    (dict(seed=9, sample_weights=np.linspace(0.1, 1.0, 103), num_samples=150), False),
+])
+def test_an_epoch_order_is_planned_whole_by_the_reader(small_dataset, options, whole):
+    loader = planned(small_dataset, batch_size=2, prefetch=2, num_threads=2, **options)
+    it = iter(loader)
+    first = next(it)
+    inner = it._inner
+    # The whole epoch in the reader at once (its positions worked out there), or a stretch at a time.
+    assert (inner._next_submit == len(it.plan)) == whole
+    rest = list(it)
+    reference = one_by_one(small_dataset, batch_size=2, prefetch=2, num_threads=2, **options)
+    assert batches_equal([first, *rest], list(reference))
+
+
+@pytest.mark.parametrize("rank_plan, first, stop, permutation, match", [
+    ((0, 103, 1, 1, 103, 16), 0, 7, None, "rank 1 outside world_size 1"),
+    ((0, 103, 0, 0, 103, 16), 0, 7, None, "world_size and batch_size must be at least 1"),
+    ((0, 103, 0, 1, 103, 16), 0, 8, None, "batches 0 to 8 of a plan of 7"),
+    ((0, 103, 0, 1, 103, 17), 0, 1, None, "batches of 17 samples"),
+    ((1, 103, 0, 1, 103, 16), 0, 7, None, "sample index 103 out of range"),
+    ((0, 103, 0, 1, 103, 16), 0, 7, (1, 0, 104), "epoch order over 104 samples"),
+    ((0, 103, 0, 2**62, 103, 16), 0, 7, None, "overflow 64 bits"),
+])
+def test_bad_rank_plans_are_refused_whole(small_dataset, rank_plan, first, stop, permutation, match):
+    dataset = fastload.ShardDataset(small_dataset)
+    shards = _native_backend.open_shards(dataset)
+    epoch = _native_backend.NativeEpoch(shards, dataset, 1, 16, lambda b: None, _native_backend.NativeSettings(1, 2, False))
+    try:
+        with pytest.raises(FastloadError, match=match):
+            epoch._reader.plan_positions(rank_plan, first, stop, permutation)
+        assert epoch._reader.planned == 0 and epoch._reader.pending == 0
+    finally:
+        epoch.close()
+
+
+def test_transform_parameters_are_not_planned_by_position(small_dataset):
+    from fastload.transforms import RandomFlip
+
+    loader = planned(small_dataset, batch_size=2, shuffle=True, seed=1, num_threads=2, transforms=[RandomFlip()])
+    it = iter(loader)
+    next(it)
+    assert it._inner._next_submit < len(it.plan)  # a stretch at a time, its parameters drawn here
+    with pytest.raises(FastloadError, match="draw parameters per sample"):
+        it._inner._reader.plan_positions((0, 103, 0, 1, 103, 2), 0, 1, None)
+    it.close()

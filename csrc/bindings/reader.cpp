@@ -184,6 +184,25 @@ class PyBatchReader {
     r.plan(copy, sizes, values, std::move(order));
   }
 
+  // Batches first to stop - 1 of one rank's epoch plan (RankPlan: _plan.py's EpochPlan as six numbers),
+  // their positions worked out by the reader as its window reaches them; with permutation = (seed, epoch, n)
+  // mapped through that epoch order, else read as sample indices.
+  void plan_positions(const std::tuple<uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t>& rank_plan,
+                      size_t first, size_t stop,
+                      const std::optional<std::tuple<uint64_t, uint64_t, uint64_t>>& permutation) {
+    const auto [start, remaining, rank, world_size, samples, batch_size] = rank_plan;
+    const RankPlan plan(start, remaining, rank, world_size, samples, batch_size);
+    std::shared_ptr<const Permutation> order;
+    if (permutation) {
+      const auto [seed, epoch, n] = *permutation;
+      order = std::make_shared<const Permutation>(seed, epoch, n);
+    }
+    BatchReader& r = reader();
+    const ConsumerGuard guard(busy_, "plan_positions");
+    const GilRelease release;
+    r.plan_positions(plan, first, stop, std::move(order));
+  }
+
   CompletedBatch wait() {
     BatchReader& r = reader();
     const ConsumerGuard guard(busy_, "next");
@@ -330,6 +349,11 @@ void register_reader(py::module_& m) {
         return out;
       })
       .def("submit", &PyBatchReader::submit, py::arg("indices"), py::arg("params") = py::none())
+      .def("plan_positions", &PyBatchReader::plan_positions, py::arg("rank_plan"), py::arg("first"),
+           py::arg("stop"), py::arg("permutation") = py::none(),
+           "Plans batches first..stop-1 of a rank's epoch plan (start, remaining, rank, world_size, samples, "
+           "batch_size), positions worked out by the reader; mapped through the epoch permutation (seed, epoch, n) "
+           "when given.")
       .def("plan", &PyBatchReader::plan, py::arg("indices"), py::arg("sizes"), py::arg("params") = py::none(),
            py::arg("permutation") = py::none())
       .def("set_window", [](PyBatchReader& r, size_t window, size_t first_window) {

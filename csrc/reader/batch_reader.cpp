@@ -15,6 +15,8 @@ constexpr size_t kAlign = 64;
 // A chunk decodes at least this many output bytes (or one sample), so that
 // claiming it costs little next to the work, whatever the thread count.
 constexpr size_t kMinChunkBytes = 64 * 1024;
+// A consumer that has to wait for its next batch sleeps until 1/kWakeShare of the window is ready.
+constexpr size_t kWakeShare = 2;
 
 uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
   return static_cast<uint64_t>(
@@ -81,6 +83,14 @@ struct BatchReader::Job {
   std::atomic<size_t> chunks_left{0};
   std::exception_ptr error;     // guarded by BatchReader::mutex_
   size_t error_position = 0;    // guarded by BatchReader::mutex_
+};
+
+// plan_positions(): batches [next, stop) of plan, submitted after planned_.
+struct BatchReader::RankCursor {
+  RankPlan plan;
+  size_t next, stop;
+  std::shared_ptr<const Permutation> order;
+  std::shared_ptr<const ShardPins> pins;  // a lazy set's every shard, held until these batches are done
 };
 
 // A worker's buffers for transforms: each transformed field decoded, and two
@@ -191,10 +201,12 @@ void BatchReader::close() noexcept {
   // dropped outside the lock: freeing a slot may take the GIL, which a thread
   // reading ready() or pending() may hold while it waits for this lock.
   std::deque<std::shared_ptr<Job>> dropped, planned;
+  std::unique_ptr<RankCursor> cursor;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     dropped.swap(inflight_);
     planned.swap(planned_);
+    cursor.swap(cursor_);
   }
 }
 
@@ -205,12 +217,25 @@ bool BatchReader::closed() const {
 
 size_t BatchReader::ready() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return ready_locked(inflight_.size());
+}
+
+size_t BatchReader::ready_locked(size_t at_most) const {
   size_t count = 0;
   for (const auto& job : inflight_) {
-    if (job->chunks_left.load() != 0) break;
+    if (count == at_most || job->chunks_left.load() != 0) break;
     ++count;
   }
   return count;
+}
+
+size_t BatchReader::wake_after_locked() const {
+  // The first batch wakes the consumer at once (time to first batch); after it, a consumer that has to wait
+  // sleeps until a quarter of the window is ready, so that it blocks (two context switches, a large part of its
+  // CPU per batch on a virtual machine) once per several batches, not once per batch. The workers keep the
+  // rest of the window to work on meanwhile; a consumer slower than them never waits at all.
+  const size_t batches = delivered_any_ ? std::max<size_t>(1, window_locked() / kWakeShare) : 1;
+  return std::min(batches, inflight_.size());
 }
 
 size_t BatchReader::pending() const {
@@ -295,7 +320,9 @@ bool BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> par
   }
   std::lock_guard<std::mutex> lock(mutex_);
   if (stop_) throw FastloadError("submit: the reader is closed");
-  if (!planned_.empty()) throw FastloadError("submit: planned batches come first (plan() and submit() do not mix)");
+  if (planned_locked() > 0) {
+    throw FastloadError("submit: planned batches come first (plan() and submit() do not mix)");
+  }
   job->slot = pool_->try_acquire();
   if (!job->slot) throw FastloadError("submit: no free batch buffer (add a slot first)");
   start_locked(std::move(job));
@@ -351,7 +378,53 @@ void BatchReader::plan(const std::vector<uint64_t>& indices, const std::vector<s
   }
   std::lock_guard<std::mutex> lock(mutex_);
   if (stop_) throw FastloadError("plan: the reader is closed");
+  if (cursor_ && cursor_->next < cursor_->stop) {
+    throw FastloadError("plan: the batches of a RankPlan are still to be read (plan_positions() comes last)");
+  }
   for (auto& job : jobs) planned_.push_back(std::move(job));
+  submit_planned_locked();
+  wake_locked();
+}
+
+void BatchReader::plan_positions(const RankPlan& plan, size_t first, size_t stop,
+                                 std::shared_ptr<const Permutation> order) {
+  const uint64_t total = shards_->total_records();
+  if (order && order->size() > total) {
+    throw FastloadError("plan_positions: an epoch order over " + std::to_string(order->size()) +
+                        " samples, the shards hold " + std::to_string(total));
+  }
+  if (transforms_ && transforms_->num_params() > 0) {
+    throw FastloadError("plan_positions: the transforms draw parameters per sample (plan() them instead)");
+  }
+  if (first > stop || stop > plan.batch_count()) {
+    throw FastloadError("plan_positions: batches " + std::to_string(first) + " to " + std::to_string(stop) +
+                        " of a plan of " + std::to_string(plan.batch_count()));
+  }
+  if (plan.batch_size() > capacity_) {
+    throw FastloadError("plan_positions: batches of " + std::to_string(plan.batch_size()) + " samples (capacity " +
+                        std::to_string(capacity_) + ")");
+  }
+  const uint64_t bound = order ? order->size() : total;
+  if (first < stop && plan.end() > bound) {
+    throw FastloadError("plan_positions: " + std::string(order ? "epoch position " : "sample index ") +
+                        std::to_string(plan.end() - 1) + " out of range for " + std::to_string(bound) + " samples");
+  }
+  auto cursor = std::make_unique<RankCursor>(RankCursor{plan, first, stop, std::move(order), nullptr});
+  if (shards_->lazy()) {  // as plan(): every shard attached, and kept so until these batches are done
+    std::vector<size_t> all(shards_->size());
+    std::iota(all.begin(), all.end(), size_t{0});
+    if (!shards_->pin(all)) {
+      throw FastloadError("plan_positions: a lazy shard set's batches are planned only once every shard is "
+                          "attached (submit them one by one until then)");
+    }
+    cursor->pins = std::make_shared<const ShardPins>(shards_, std::move(all));
+  }
+  std::unique_ptr<RankCursor> previous;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_) throw FastloadError("plan_positions: the reader is closed");
+  if (planned_locked() > 0) throw FastloadError("plan_positions: planned batches are still to be read");
+  previous.swap(cursor_);  // a spent cursor: dropped after the lock (its pins)
+  cursor_ = std::move(cursor);
   submit_planned_locked();
   wake_locked();
 }
@@ -367,11 +440,18 @@ size_t BatchReader::window_locked() const { return delivered_any_ ? window_ : st
 void BatchReader::submit_planned_locked() {
   if (stop_) return;  // closed: a worker on its way to idle must not start a batch close() would not drop
   const size_t window = window_locked();
-  while (!planned_.empty() && inflight_.size() < window) {
+  while (planned_locked() > 0 && inflight_.size() < window) {
     std::shared_ptr<Slot> slot = pool_->try_acquire();
     if (!slot) return;
-    std::shared_ptr<Job> job = std::move(planned_.front());
-    planned_.pop_front();
+    std::shared_ptr<Job> job;
+    if (!planned_.empty()) {
+      job = std::move(planned_.front());
+      planned_.pop_front();
+    } else {  // the RankPlan's next batch, worked out now (checked as a whole by plan_positions)
+      job = make_job(cursor_->plan.positions(cursor_->next++), {});
+      job->order = cursor_->order;
+      job->plan_pins = cursor_->pins;
+    }
     job->slot = std::move(slot);
     start_locked(std::move(job));
   }
@@ -396,13 +476,17 @@ void BatchReader::refill_locked() {
 
 size_t BatchReader::planned() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return planned_.size();
+  return planned_locked();
+}
+
+size_t BatchReader::planned_locked() const {
+  return planned_.size() + (cursor_ ? cursor_->stop - cursor_->next : 0);
 }
 
 size_t BatchReader::slots_wanted() const {
   std::lock_guard<std::mutex> lock(mutex_);
   const size_t room = window_locked() - std::min(window_locked(), inflight_.size());
-  const size_t wanted = std::min(room, planned_.size());
+  const size_t wanted = std::min(room, planned_locked());
   const size_t free = pool_->free_count();
   return wanted > free ? wanted - free : 0;
 }
@@ -413,11 +497,17 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
   if (stop_) throw FastloadError("wait_next: the reader is closed");
   refill_locked();
   if (inflight_.empty()) {
-    throw FastloadError(planned_.empty() ? "wait_next: no batch was submitted"
+    throw FastloadError(planned_locked() == 0 ? "wait_next: no batch was submitted"
                                          : "wait_next: no free batch buffer for the next planned batch (add a slot)");
   }
-  const bool ready = done_cv_.wait_for(
-      lock, timeout, [this] { return stop_ || inflight_.empty() || inflight_.front()->chunks_left.load() == 0; });
+  bool ready = inflight_.front()->chunks_left.load() == 0;
+  if (!ready) {
+    consumer_wants_ = wake_after_locked();
+    ready = done_cv_.wait_for(lock, timeout, [this] {
+      return stop_ || inflight_.empty() || ready_locked(consumer_wants_) == consumer_wants_;
+    });
+    consumer_wants_ = 0;
+  }
   wait_ns_.fetch_add(elapsed_ns(start), std::memory_order_relaxed);
   if (stop_) throw FastloadError("wait_next: the reader was closed");
   if (!ready) return std::nullopt;
@@ -489,10 +579,15 @@ void BatchReader::worker_main() {
       }
     }
     if (job->chunks_left.fetch_sub(1) == 1) {
-      // The consumer checks chunks_left under the lock: taking it here means
-      // the notification cannot fall between its check and its wait.
-      { std::lock_guard<std::mutex> lock(mutex_); }
-      done_cv_.notify_all();
+      // The consumer checks chunks_left under the lock: deciding here under it means the notification
+      // cannot fall between its check and its wait. It is woken only once the batches it waits for are
+      // all ready (a wake is a system call and, for the consumer, two context switches).
+      bool wake = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        wake = consumer_wants_ > 0 && ready_locked(consumer_wants_) == consumer_wants_;
+      }
+      if (wake) done_cv_.notify_all();
     }
     if (stop_flag_.load(std::memory_order_relaxed)) return;
   }

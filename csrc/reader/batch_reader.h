@@ -47,6 +47,7 @@
 
 #include "format/record_decoder.h"
 #include "reader/permutation.h"
+#include "reader/rank_plan.h"
 #include "reader/shard_reader.h"
 #include "reader/slot_pool.h"
 #include "transforms/pipeline.h"
@@ -143,6 +144,15 @@ class BatchReader {
   // its chunk to sample indices: the order's cost falls on the workers.
   void plan(const std::vector<uint64_t>& indices, const std::vector<size_t>& sizes,
             const std::vector<int64_t>& params = {}, std::shared_ptr<const Permutation> order = nullptr);
+  // Plans batches first to stop - 1 of `plan` (RankPlan: positions worked out
+  // batch by batch as the window reaches them, each mapped through `order`
+  // when set, else sample indices), after any batches plan() queued. As
+  // plan(), with the same checks, for readers without transform parameters.
+  // Throws FastloadError when transforms draw parameters, on a range outside
+  // the plan, batches larger than the capacity, a position outside the order
+  // (or the shards), when closed, or while planned batches are still queued.
+  void plan_positions(const RankPlan& plan, size_t first, size_t stop,
+                      std::shared_ptr<const Permutation> order = nullptr);
   // Planned batches submitted and not yet delivered: at most `window` (at
   // least 1), and at most `first_window` until the first batch is delivered,
   // so that the first batch does not wait for the others' slots.
@@ -154,7 +164,9 @@ class BatchReader {
   size_t slots_wanted() const;
 
   // The oldest submitted batch once complete; nullopt when `timeout` passes
-  // first. Submits planned batches first, as the window and the free slots
+  // first. When it is not complete yet (after the first batch), this waits
+  // until the oldest quarter of the window is, so that a consumer faster than
+  // the workers blocks once per several batches rather than once per batch. Submits planned batches first, as the window and the free slots
   // allow. Rethrows that batch's error. Throws FastloadError if nothing is
   // pending (nothing submitted, or planned batches and no free slot) or the
   // reader is closed.
@@ -188,6 +200,9 @@ class BatchReader {
   void submit_planned_locked();                 // planned_ into the window, as free slots allow
   void refill_locked();                         // the consumer's: submit_planned_locked, and wake if due
   size_t window_locked() const;
+  size_t planned_locked() const;                // planned batches not yet submitted (queued and of cursor_)
+  size_t ready_locked(size_t at_most) const;    // leading batches complete, counted up to at_most
+  size_t wake_after_locked() const;             // how many leading batches a waiting consumer waits for
 
   std::shared_ptr<const ShardSet> shards_;
   std::vector<FieldSpec> fields_;
@@ -210,9 +225,12 @@ class BatchReader {
   std::deque<std::shared_ptr<Job>> work_;      // jobs with chunks not yet claimed
   std::deque<std::shared_ptr<Job>> inflight_;  // every undelivered job, in order
   std::deque<std::shared_ptr<Job>> planned_;   // planned jobs not yet submitted (no slot yet), in order
+  struct RankCursor;                           // plan_positions(): the batches left of a RankPlan
+  std::unique_ptr<RankCursor> cursor_;         // after planned_; null when none was planned
   size_t window_ = 1;                          // set_window (guarded by mutex_)
   size_t first_window_ = 1;
   bool delivered_any_ = false;                 // a batch was delivered (guarded by mutex_)
+  size_t consumer_wants_ = 0;                  // leading batches the waiting consumer waits for; 0: not waiting
   bool stop_ = false;
   size_t idle_workers_ = 0;  // workers blocked on work_cv_ (guarded by mutex_)
   std::atomic<bool> stop_flag_{false};  // stop_, readable without the lock between chunks

@@ -30,6 +30,7 @@
 #include "platform/file_mapping.h"
 #include "reader/batch_reader.h"
 #include "reader/permutation.h"
+#include "reader/rank_plan.h"
 #include "reader/shard_reader.h"
 #include "tests/check.h"
 
@@ -311,6 +312,144 @@ void test_planned_read(const fs::path& dir, const std::vector<uint64_t>& order) 
   }
   CHECK(lazy->detach(1) && lazy->detach(0));  // every batch delivered: the plan let go
   lazy_reader.close();
+}
+
+// Batches of a RankPlan (BatchReader::plan_positions): the reader works out
+// each batch's positions as _plan.py's EpochPlan does, for every rank of a
+// world, a resumed start, the identity and the epoch order; a consumer that
+// waits (a window of 8: it sleeps until 4 batches are ready) still gets every
+// batch in order. Bad plans are refused whole; plan(), plan_positions() and
+// submit() do not mix while batches remain.
+void test_rank_plan_read(const fs::path& dir, const std::vector<uint64_t>& order) {
+  std::ifstream in(dir / "order.txt");
+  uint64_t seed = 0, epoch = 0, n = 0;
+  in >> seed >> epoch >> n;
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dir / "dataset"), shard_counts());
+  const auto refuses = [](auto&& call) {
+    try {
+      call();
+    } catch (const FastloadError&) {
+      return true;
+    }
+    return false;
+  };
+  CHECK(refuses([] { RankPlan(0, 10, 0, 0, 10, 4); }));   // world_size 0
+  CHECK(refuses([] { RankPlan(0, 10, 3, 3, 4, 4); }));    // rank outside the world
+  CHECK(refuses([] { RankPlan(0, 10, 0, 1, 10, 0); }));   // batch_size 0
+  CHECK(refuses([] { RankPlan(0, 0, 0, 1, 1, 4); }));     // samples from no positions
+  CHECK(refuses([] { RankPlan(~0ull, 2, 0, 1, 1, 4); }));  // start + remaining wraps
+  CHECK(refuses([] { RankPlan(0, 10, 1, 2, ~0ull / 2 + 2, 4); }));  // the last offset wraps
+  CHECK(RankPlan(0, 10, 0, 1, 0, 4).batch_count() == 0);
+  const RankPlan sample(7, 293, 1, 3, 98, 32);  // 293 positions from 7 over 3 ranks, even: 98 each (padded)
+  CHECK(sample.batch_count() == 4 && sample.batch_samples(3) == 2 && sample.end() == 300);
+  CHECK(sample.positions(3) == (std::vector<uint64_t>{7 + (1 + 96 * 3) % 293, 7 + (1 + 97 * 3) % 293}));
+
+  struct Case {
+    uint64_t start, world, rank, samples;
+    size_t first;
+    bool by_position;
+  };
+  const uint64_t world = 3, start = 7, remaining = kSamples - start;
+  std::vector<Case> cases;
+  for (uint64_t rank = 0; rank < world; ++rank) {
+    cases.push_back({start, world, rank, (remaining + world - 1) / world, 0, true});  // even, padded
+    cases.push_back({start, world, rank, (remaining - rank + world - 1) / world, 0, false});  // not padded
+  }
+  cases.push_back({0, 1, 0, kSamples, 3, true});  // resumed at batch 3
+  for (const Case& c : cases) {
+    ReaderOptions options;
+    options.batch_capacity = 16;
+    options.num_threads = 3;
+    options.shard_fingerprints = written_fingerprints(*shards);
+    BatchReader reader(shards, kFields, options);
+    reader.set_window(8, 2);
+    const RankPlan plan(c.start, kSamples - c.start, c.rank, c.world, c.samples, 16);
+    const auto permutation = c.by_position ? std::make_shared<const Permutation>(seed, epoch, n) : nullptr;
+    reader.plan_positions(plan, c.first, plan.batch_count(), permutation);
+    CHECK(reader.planned() == plan.batch_count() - c.first);  // no slot yet: none submitted
+    CHECK(refuses([&] { reader.plan({0}, {1}); }));   // a RankPlan's batches remain
+    CHECK(refuses([&] { reader.submit({0}); }));
+    CHECK(refuses([&] { reader.plan_positions(plan, 0, 1); }));
+    std::vector<std::vector<uint8_t>> memory;
+    uint64_t good = 0, expected = 0;
+    for (size_t b = c.first; b < plan.batch_count(); ++b) {
+      for (size_t k = reader.slots_wanted(); k > 0; --k) {
+        memory.emplace_back(reader.slot_bytes());
+        reader.pool()->add(memory.back().data(), memory.back().size(), nullptr);
+      }
+      auto batch = reader.wait_next(std::chrono::milliseconds(60000));
+      CHECK(batch.has_value());
+      if (!batch) break;
+      const std::vector<uint64_t> positions = plan.positions(b);
+      CHECK(batch->count == positions.size());
+      for (size_t k = 0; k < batch->count; ++k, ++expected) {
+        const uint64_t j = b * 16 + k;  // the formula of _plan.py, written out
+        CHECK(positions[k] == c.start + (c.rank + j * c.world) % (kSamples - c.start));
+        const uint64_t index = c.by_position ? order[positions[k]] : positions[k];
+        const uint8_t* image = batch->slot->data + reader.field_offset(0) + k * kFields[0].decoded_bytes;
+        const uint8_t* label = batch->slot->data + reader.field_offset(1) + k * kFields[1].decoded_bytes;
+        good += sample_ok(index, image, label);
+      }
+    }
+    CHECK(expected == c.samples - std::min<uint64_t>(c.samples, c.first * 16) && good == expected);
+    CHECK(reader.planned() == 0 && reader.pending() == 0);
+    CHECK(memory.size() <= 10);  // the window, the batch the consumer held, and one more at most
+    // Spent: a new plan may follow; refused whole when out of range.
+    CHECK(refuses([&] { reader.plan_positions(plan, 0, plan.batch_count() + 1, permutation); }));
+    CHECK(refuses([&] { reader.plan_positions(RankPlan(0, kSamples + 1, 0, 1, kSamples + 1, 16), 0, 1); }));
+    CHECK(refuses([&] { reader.plan_positions(RankPlan(0, 10, 0, 1, 10, 17), 0, 1); }));  // over the capacity
+    CHECK(refuses([&] {
+      reader.plan_positions(plan, 0, 1, std::make_shared<const Permutation>(seed, epoch, kSamples + 1));
+    }));
+    CHECK(reader.planned() == 0);
+    reader.plan(std::vector<uint64_t>(20, 0), std::vector<size_t>(20, 1));  // more than the window of 8
+    CHECK(reader.planned() >= 12);
+    CHECK(refuses([&] { reader.plan_positions(plan, 0, 1); }));  // plan()'s batches remain
+    reader.close();
+  }
+  // A lazy set: refused until every shard is attached, as plan().
+  ReaderOptions options;
+  options.batch_capacity = 4;
+  options.shard_fingerprints = written_fingerprints(*shards);
+  const auto paths = shard_paths(dir / "dataset");
+  auto lazy = std::make_shared<ShardSet>(shard_counts());
+  lazy->attach(0, paths[0]);
+  BatchReader lazy_reader(lazy, kFields, options);
+  CHECK(refuses([&] { lazy_reader.plan_positions(RankPlan(0, 4, 0, 1, 4, 4), 0, 1); }));
+  CHECK(lazy->detach(0));  // the refused plan pinned nothing
+  lazy_reader.close();
+}
+
+// A consumer that has to wait sleeps until half the window is ready (one
+// wake per several batches, not per batch): after the first batch (which
+// wakes it at once), each wait_next() that found its batch unfinished returns
+// with the next three of a window of 8 ready too, and nothing is lost.
+void test_consumer_waits_for_half_the_window(const fs::path& dataset) {
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
+  ReaderOptions options;
+  options.batch_capacity = 4;
+  options.num_threads = 1;  // batches finish in order, each after the one before
+  options.shard_fingerprints = written_fingerprints(*shards);
+  BatchReader reader(shards, kFields, options);
+  reader.set_window(8, 8);
+  std::vector<std::vector<uint8_t>> memory(10, std::vector<uint8_t>(reader.slot_bytes()));
+  for (auto& m : memory) reader.pool()->add(m.data(), m.size(), nullptr);
+  reader.set_read_delay_for_tests(2000);  // 8 ms a batch
+  const RankPlan plan(0, kSamples, 0, 1, 24 * 4, 4);
+  reader.plan_positions(plan, 0, plan.batch_count());
+  reader.wait_next(std::chrono::milliseconds(60000)).reset();  // the first: as soon as it is ready
+  size_t waited = 0;
+  for (size_t b = 1; b < plan.batch_count(); ++b) {
+    const bool was_ready = reader.ready() > 0;
+    auto batch = reader.wait_next(std::chrono::milliseconds(60000));
+    CHECK(batch.has_value() && batch->count == 4);
+    if (!was_ready) {
+      ++waited;
+      CHECK(reader.ready() + 1 >= std::min<size_t>(4, plan.batch_count() - b));  // it and the next 3
+    }
+  }
+  CHECK(waited >= 2 && waited <= 12);  // woken about once per 4 batches of 23 (about 6), not per batch
+  reader.close();
 }
 
 // A lazy set: a record of a shard not attached is a FastloadError; shards
@@ -842,6 +981,8 @@ int main(int argc, char** argv) {
     const std::vector<uint64_t> order = test_order(dir);
     test_threaded_read(dataset, order);
     test_planned_read(dir, order);
+    test_rank_plan_read(dir, order);
+    test_consumer_waits_for_half_the_window(dataset);
     test_pool_carried_over(dataset);
     test_swapped_shards_refused(dataset);
     test_lazy_attach(dataset);

@@ -137,6 +137,16 @@ class BatchReader:
         Over a lazy ``ShardSet`` every shard must be attached (else FastloadError): each then stays attached until
         the plan's last batch is delivered.
         """
+    def plan_positions(self, rank_plan: tuple[int, int, int, int, int, int], first: int, stop: int,
+                       permutation: tuple[int, int, int] | None = None) -> None:
+        """Queue batches ``first`` to ``stop - 1`` of a rank's epoch plan; the reader works out their positions.
+
+        ``rank_plan`` is ``(start, remaining, rank, world_size, samples, batch_size)`` (``EpochPlan``): batch b
+        holds ``start + (rank + j * world_size) % remaining`` for j in ``[b * batch_size, min((b + 1) *
+        batch_size, samples))``, mapped through ``permutation=(seed, epoch, n)`` when given, else sample indices.
+        Refused (FastloadError) with transform parameters, while batches queued by ``plan`` remain, and as
+        ``plan`` over a lazy ``ShardSet``.
+        """
     def set_window(self, window: int, first_window: int) -> None:
         """Keep at most ``window`` planned batches in flight (``first_window`` until the first is delivered)."""
     def next(self) -> list[np.ndarray]: ...

@@ -387,7 +387,8 @@ class ShardLoader:
         grouped = isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout
         if self._shards is None:
             self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
-        batch_indices = BatchIndices(plan, native_position_map(order), permutation=native_permutation(order))
+        batch_indices = BatchIndices(plan, native_position_map(order), permutation=native_permutation(order),
+                                     identity=isinstance(order, EpochOrder) and not order.shuffle)
         remote_set = self._shards if isinstance(self._shards, RemoteShardSet) else None
         if remote_set is not None and shards_missing(datasets):  # fetch ahead in the order the batches read
             remote_set.want(native_position_map(order)(plan.positions_of_batches(0, len(plan))), self.batch_size)

@@ -195,8 +195,9 @@ class NativeEpoch:
             # The window, the batch in use and the one a loop variable still holds: a consumer that once
             # held a whole epoch (list(loader)) does not leave the loader holding as many buffers.
             self._pool.keep_at_most(settings.prefetch + 2)
-        if self._planned:
-            self._reader.set_window(settings.prefetch, min(settings.prefetch, FIRST_WINDOW))
+        # The window bounds the planned batches in flight (the one-by-one path bounds its own, in _submit_ahead);
+        # in both, a consumer that has to wait sleeps until half of it is ready.
+        self._reader.set_window(settings.prefetch, min(settings.prefetch, FIRST_WINDOW))
         self._views: FieldViews | None = None
         self._split = False
         if self._allocator is not None:
@@ -237,8 +238,18 @@ class NativeEpoch:
             self._next_submit += 1
 
     def _plan_ahead(self) -> None:
-        """Plan the next stretch of batches into the reader (indices and transform parameters, computed at once)."""
+        """Plan the rest of the epoch into the reader, or its next stretch of batches.
+
+        The rest at once where the reader can work out the positions itself (an epoch permutation or the
+        identity, no transform parameters); else the next stretch, indices and transform parameters computed here.
+        """
         first = self._next_submit
+        rank_plan = getattr(self._batch_indices, "rank_plan", None)
+        plan = rank_plan() if rank_plan is not None and not self._augment.transforms else None
+        if plan is not None:  # the rest of the epoch at once: the reader works out each batch's positions
+            self._reader.plan_positions(plan, first, self._num_batches, self._batch_indices.permutation)
+            self._next_submit = self._num_batches
+            return
         stop = min(first + self._stretch, self._num_batches)
         span = getattr(self._batch_indices, "span", None)
         permutation = getattr(self._batch_indices, "permutation", None)

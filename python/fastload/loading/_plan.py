@@ -88,11 +88,12 @@ class BatchIndices:
     """
 
     def __init__(self, plan: EpochPlan, to_indices: Callable[[np.ndarray], np.ndarray], window: int = 32,
-                 permutation: tuple[int, int, int] | None = None) -> None:
+                 permutation: tuple[int, int, int] | None = None, identity: bool = False) -> None:
         self._plan, self._to_indices, self._window = plan, to_indices, max(1, window)
         # (seed, epoch, n) when to_indices is the native epoch permutation: a reader can then be handed positions
         # (span(..., positions=True)) and map them itself, on its worker threads.
         self.permutation = permutation
+        self._identity = identity  # to_indices returns the positions unchanged (an unshuffled epoch order)
         self._num_batches = len(plan)
         self._windows: list[tuple[int, np.ndarray]] = []  # (first batch, indices), newest last
 
@@ -108,6 +109,18 @@ class BatchIndices:
         sizes = [size] * (stop - first)
         sizes[-1] = len(indices) - size * (stop - first - 1)  # the plan's last batch may be short
         return indices, sizes
+
+    def rank_plan(self) -> tuple[int, int, int, int, int, int] | None:
+        """Return the plan as ``(start, remaining, rank, world_size, samples, batch_size)`` for a native reader.
+
+        The reader then works out each batch's positions itself (``BatchReader.plan_positions``) and maps
+        them through ``permutation``, or reads them as sample indices. None when ``to_indices`` is neither
+        that permutation nor the identity: the positions must be mapped here.
+        """
+        if self.permutation is None and not self._identity:
+            return None
+        p = self._plan
+        return p.start, p.remaining, p.rank, p.world_size, p.samples, p.batch_size
 
     def __call__(self, b: int) -> np.ndarray:
         """Return the sample indices of batch ``b``."""

@@ -51,6 +51,12 @@ PINNED_PREFETCH_BYTES = 32 * 2**20
 # a scheduler time slice (small records: 200 us of work per batch).
 MIN_PREFETCH_BYTES = 64 * 2**20
 MAX_AUTO_PREFETCH = 64
+# Plain batches in flight with threads within the cores: about this many bytes when batches are small
+# (and this many batches at most). A consumer faster than the workers sleeps until half the window is
+# ready (csrc/reader/batch_reader.cpp): a deeper window of small batches means fewer of its sleeps and
+# wakes, each a large part of its CPU per batch, for a few MiB more buffers to fault in once.
+SMALL_BATCH_WINDOW_BYTES = 8 * 2**20
+MAX_SMALL_BATCH_WINDOW = 16
 
 
 @dataclass(frozen=True)
@@ -215,7 +221,9 @@ def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool, cores: i
     """Return ``prefetch="auto"``: batches in flight for this many threads and this batch size.
 
     Plain memory: one batch per thread and at least 4 while the threads fit the ``cores``
-    this process may run on (default: its CPU affinity). With more threads than cores, at
+    this process may run on (default: its CPU affinity), and with small batches about 8 MiB
+    of them (at most 16 batches), so that a consumer faster than the threads sleeps once per
+    several batches rather than once per batch (issue 26). With more threads than cores, at
     least 64 MiB of batches (up to 64 batches), so that small batches keep many threads busy
     while one is descheduled. That deep window is not the default for every loader: a fresh
     process faults in every page of its batch buffers once, and 64 MiB of them made the
@@ -230,7 +238,7 @@ def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool, cores: i
     if pin_memory:
         return min(prefetch, max(2, -(-PINNED_PREFETCH_BYTES // batch_bytes)))
     if num_threads <= (usable_cores() if cores is None else cores):
-        return max(4, num_threads)
+        return max(4, num_threads, min(MAX_SMALL_BATCH_WINDOW, -(-SMALL_BATCH_WINDOW_BYTES // batch_bytes)))
     return max(prefetch, min(MAX_AUTO_PREFETCH, -(-MIN_PREFETCH_BYTES // batch_bytes)))
 
 
