@@ -4,9 +4,9 @@ A local loader with plain buffers plans into the reader. Over an epoch order (sh
 without per-sample transform parameters it hands the reader the rank's whole plan as six numbers
 (``plan_positions``): the reader works out each batch's positions as its window reaches them, and
 the workers map them through the epoch permutation. Otherwise (weighted sampling, a shuffle window,
-transforms) it hands a stretch of batches' indices at a time. Whatever the path, the batches are those of the one-by-one path
-(pinned-style single-use buffers, standing in for CUDA's), of the torch backend, at any thread
-count, rank, resume point and prefetch.
+transforms) it hands a stretch of batches' indices at a time. Whatever the path, the batches are
+those of the one-by-one path (pinned-style single-use buffers, standing in for CUDA's), of the torch
+backend, at any thread count, rank, resume point and prefetch.
 """
 
 from __future__ import annotations
@@ -178,7 +178,8 @@ def test_an_epoch_order_is_planned_whole_by_the_reader(small_dataset, options, w
 def test_bad_rank_plans_are_refused_whole(small_dataset, rank_plan, first, stop, permutation, match):
     dataset = fastload.ShardDataset(small_dataset)
     shards = _native_backend.open_shards(dataset)
-    epoch = _native_backend.NativeEpoch(shards, dataset, 1, 16, lambda b: None, _native_backend.NativeSettings(1, 2, False))
+    settings = _native_backend.NativeSettings(1, 2, False)
+    epoch = _native_backend.NativeEpoch(shards, dataset, 1, 16, lambda b: None, settings)
     try:
         with pytest.raises(FastloadError, match=match):
             epoch._reader.plan_positions(rank_plan, first, stop, permutation)

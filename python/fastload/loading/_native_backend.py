@@ -247,7 +247,8 @@ class NativeEpoch:
         rank_plan = getattr(self._batch_indices, "rank_plan", None)
         plan = rank_plan() if rank_plan is not None and not self._augment.transforms else None
         if plan is not None:  # the rest of the epoch at once: the reader works out each batch's positions
-            self._reader.plan_positions(plan, first, self._num_batches, self._batch_indices.permutation)
+            permutation = getattr(self._batch_indices, "permutation", None)
+            self._reader.plan_positions(plan, first, self._num_batches, permutation)
             self._next_submit = self._num_batches
             return
         stop = min(first + self._stretch, self._num_batches)
