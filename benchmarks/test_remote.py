@@ -3,6 +3,8 @@
 Per dataset, side by side in one run:
 ``get-floor``: the server's raw GET throughput, every shard object fetched once by obstore with as many
 concurrent requests as the loader uses (the physical floor of a cold epoch);
+``cache-write-floor``: the same bytes written from memory into new files of a cache directory (the
+other floor: a cold epoch writes every byte into the page cache);
 ``local``: one shuffled epoch from the local copy (2 threads; the loader built, and one epoch read, before
 the rounds);
 ``remote-cold``: loader construction (the manifest) and one epoch into an empty cache (the shards are
@@ -107,6 +109,46 @@ def test_remote_get_floor(benchmark, s3, ds):
     benchmark.extra_info.update(extra_info(result, ds.sample_bytes, None, memory))
     benchmark.extra_info["shard_bytes"] = dataset_bytes(ensure(ds))
     benchmark.extra_info["get_mb_per_s"] = benchmark.extra_info["shard_bytes"] / min(result.seconds) / 1e6
+
+
+@pytest.mark.parametrize("ds", REMOTE, ids=lambda d: d.name)
+def test_remote_cache_write_floor(benchmark, ds):
+    """The other floor of a cold epoch: the shards' bytes written into new files of a cache directory.
+
+    The bytes are in memory before the rounds (as a download's are); ``THREADS`` threads write one shard
+    file each at a time in aligned 2 MiB writes (``write_aligned``, as the cache does), into a new
+    directory each round, earlier rounds' files kept (as the cold rounds keep their caches). A cold
+    epoch writes every byte into the page cache: on this VM, memory the guest has not touched for a
+    while is slow to touch the first time (the host backs it lazily), so this floor moves from round
+    to round and from run to run (docs/remote.md).
+    """
+    from fastload.format._page_cache import write_aligned
+
+    local = ensure(ds)
+    shards = [(p.name, p.read_bytes()) for p in sorted(local.iterdir()) if p.suffix == ".lmdb"]
+    result = EpochResult()
+    with tempfile.TemporaryDirectory(prefix="fastload-bench-write-") as tmp:
+        rounds = iter(range(1000))
+
+        def write_all() -> None:
+            target = Path(tmp) / f"round-{next(rounds)}"
+            target.mkdir()
+
+            def write(item: tuple[str, bytes]) -> None:
+                with open(target / item[0], "wb", buffering=0) as f:
+                    write_aligned(f, [memoryview(item[1])])
+
+            with ThreadPoolExecutor(THREADS) as pool:
+                list(pool.map(write, shards))
+
+        benchmark.group = f"remote-{ds.name}"
+        with MemorySampler() as memory:
+            benchmark.pedantic(one_call_round(write_all, ds.count, result), **ROUNDS)
+    benchmark.extra_info.update(extra_info(result, ds.sample_bytes, None, memory))
+    benchmark.extra_info["shard_bytes"] = dataset_bytes(local)
+    benchmark.extra_info["write_mb_per_s"] = benchmark.extra_info["shard_bytes"] / min(result.seconds) / 1e6
+    benchmark.extra_info["write_mb_per_s_rounds"] = [benchmark.extra_info["shard_bytes"] / s / 1e6
+                                                     for s in result.seconds]
 
 
 @pytest.mark.parametrize("phase", ["local", "remote-cold", "remote-warm"])
