@@ -231,7 +231,7 @@ size_t BatchReader::ready_locked(size_t at_most) const {
 
 size_t BatchReader::wake_after_locked() const {
   // The first batch wakes the consumer at once (time to first batch); after it, a consumer that has to wait
-  // sleeps until a quarter of the window is ready, so that it blocks (two context switches, a large part of its
+  // sleeps until half the window is ready, so that it blocks (two context switches, a large part of its
   // CPU per batch on a virtual machine) once per several batches, not once per batch. The workers keep the
   // rest of the window to work on meanwhile; a consumer slower than them never waits at all.
   const size_t batches = delivered_any_ ? std::max<size_t>(1, window_locked() / kWakeShare) : 1;

@@ -165,11 +165,12 @@ class BatchReader {
 
   // The oldest submitted batch once complete; nullopt when `timeout` passes
   // first. When it is not complete yet (after the first batch), this waits
-  // until the oldest quarter of the window is, so that a consumer faster than
-  // the workers blocks once per several batches rather than once per batch. Submits planned batches first, as the window and the free slots
-  // allow. Rethrows that batch's error. Throws FastloadError if nothing is
-  // pending (nothing submitted, or planned batches and no free slot) or the
-  // reader is closed.
+  // until the oldest half of the window is, so that a consumer faster than
+  // the workers blocks once per several batches rather than once per batch.
+  // Submits planned batches first, as the window and the free slots allow.
+  // Rethrows that batch's error. Throws FastloadError if nothing is pending
+  // (nothing submitted, or planned batches and no free slot) or the reader is
+  // closed.
   std::optional<CompletedBatch> wait_next(std::chrono::milliseconds timeout);
 
   size_t pending() const;
