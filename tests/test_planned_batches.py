@@ -135,13 +135,18 @@ def test_positions_mapped_by_the_workers_equal_the_permutation(small_dataset):
     (np.array([0], dtype=np.uint64), [1], (1, 0, 104), "epoch order over 104 samples"),
 ])
 def test_bad_plans_are_refused_whole(small_dataset, values, sizes, permutation, match):
-    dataset = fastload.ShardDataset(small_dataset)
+    assert_refused_whole(small_dataset, lambda reader: reader.plan(values, sizes, None, permutation), match)
+
+
+def assert_refused_whole(path, plan, match):
+    """``plan(reader)`` on a fresh reader (capacity 16) raises FastloadError matching ``match`` and queues nothing."""
+    dataset = fastload.ShardDataset(path)
     shards = _native_backend.open_shards(dataset)
     settings = _native_backend.NativeSettings(1, 2, False)
     epoch = _native_backend.NativeEpoch(shards, dataset, 1, 16, lambda b: None, settings)
     try:
         with pytest.raises(FastloadError, match=match):
-            epoch._reader.plan(values, sizes, None, permutation)
+            plan(epoch._reader)
         assert epoch._reader.planned == 0 and epoch._reader.pending == 0
     finally:
         epoch.close()
@@ -176,16 +181,8 @@ def test_an_epoch_order_is_planned_whole_by_the_reader(small_dataset, options, w
     ((0, 103, 0, 2**62, 103, 16), 0, 7, None, "overflow 64 bits"),
 ])
 def test_bad_rank_plans_are_refused_whole(small_dataset, rank_plan, first, stop, permutation, match):
-    dataset = fastload.ShardDataset(small_dataset)
-    shards = _native_backend.open_shards(dataset)
-    settings = _native_backend.NativeSettings(1, 2, False)
-    epoch = _native_backend.NativeEpoch(shards, dataset, 1, 16, lambda b: None, settings)
-    try:
-        with pytest.raises(FastloadError, match=match):
-            epoch._reader.plan_positions(rank_plan, first, stop, permutation)
-        assert epoch._reader.planned == 0 and epoch._reader.pending == 0
-    finally:
-        epoch.close()
+    assert_refused_whole(small_dataset, lambda reader: reader.plan_positions(rank_plan, first, stop, permutation),
+                         match)
 
 
 def test_transform_parameters_are_not_planned_by_position(small_dataset):

@@ -103,6 +103,15 @@ std::vector<uint64_t> written_fingerprints(const ShardSet& shards) {
   return out;
 }
 
+// Reader options for `shards` (their records' fingerprints), batches of `capacity`, `threads` workers.
+ReaderOptions reader_options(const ShardSet& shards, size_t capacity, size_t threads) {
+  ReaderOptions options;
+  options.batch_capacity = capacity;
+  options.num_threads = threads;
+  options.shard_fingerprints = written_fingerprints(shards);
+  return options;
+}
+
 // Decodes every record of `shards` in one thread; returns how many match.
 uint64_t count_good_samples(const ShardSet& shards) {
   const std::vector<uint64_t> fingerprints = written_fingerprints(shards);
@@ -176,11 +185,7 @@ void test_planned_read(const fs::path& dir, const std::vector<uint64_t>& order) 
   in >> seed >> epoch >> n;
   auto shards = std::make_shared<const ShardSet>(shard_paths(dir / "dataset"), shard_counts());
   for (const bool by_position : {true, false}) {
-    ReaderOptions options;
-    options.batch_capacity = 32;
-    options.num_threads = 3;
-    options.shard_fingerprints = written_fingerprints(*shards);
-    BatchReader reader(shards, kFields, options);
+    BatchReader reader(shards, kFields, reader_options(*shards, 32, 3));
     reader.set_window(4, 2);
     std::vector<uint64_t> values(n);
     for (uint64_t k = 0; k < n; ++k) values[k] = by_position ? k : order[k];
@@ -357,11 +362,7 @@ void test_rank_plan_read(const fs::path& dir, const std::vector<uint64_t>& order
   }
   cases.push_back({0, 1, 0, kSamples, 3, true});  // resumed at batch 3
   for (const Case& c : cases) {
-    ReaderOptions options;
-    options.batch_capacity = 16;
-    options.num_threads = 3;
-    options.shard_fingerprints = written_fingerprints(*shards);
-    BatchReader reader(shards, kFields, options);
+    BatchReader reader(shards, kFields, reader_options(*shards, 16, 3));
     reader.set_window(8, 2);
     const RankPlan plan(c.start, kSamples - c.start, c.rank, c.world, c.samples, 16);
     const auto permutation = c.by_position ? std::make_shared<const Permutation>(seed, epoch, n) : nullptr;
@@ -426,11 +427,7 @@ void test_rank_plan_read(const fs::path& dir, const std::vector<uint64_t>& order
 // with the next three of a window of 8 ready too, and nothing is lost.
 void test_consumer_waits_for_half_the_window(const fs::path& dataset) {
   auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
-  ReaderOptions options;
-  options.batch_capacity = 4;
-  options.num_threads = 1;  // batches finish in order, each after the one before
-  options.shard_fingerprints = written_fingerprints(*shards);
-  BatchReader reader(shards, kFields, options);
+  BatchReader reader(shards, kFields, reader_options(*shards, 4, 1));  // 1 thread: batches finish in order
   reader.set_window(8, 8);
   std::vector<std::vector<uint8_t>> memory(10, std::vector<uint8_t>(reader.slot_bytes()));
   for (auto& m : memory) reader.pool()->add(m.data(), m.size(), nullptr);
