@@ -1,7 +1,11 @@
 #include "reader/shard_reader.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <string>
+#include <system_error>
+#include <thread>
 
 #include "checked_math.h"
 #include "errors.h"
@@ -14,6 +18,25 @@ namespace {
 // Measured on 3x32x32 records (docs in csrc/README.md): 512 bytes one record
 // ahead halves the copy time; 4 KiB stalls on the line fill buffers instead.
 constexpr size_t kPrefetchBytes = 512;
+
+// Threads opening the shards of an eager ShardSet at once, at most (and no more than the CPUs).
+constexpr size_t kOpenThreads = 8;
+
+// Joins every joinable thread of `threads` when it goes out of scope.
+class ThreadJoiner {
+ public:
+  explicit ThreadJoiner(std::vector<std::thread>& threads) noexcept : threads_(threads) {}
+  ~ThreadJoiner() {
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+  ThreadJoiner(const ThreadJoiner&) = delete;
+  ThreadJoiner& operator=(const ThreadJoiner&) = delete;
+
+ private:
+  std::vector<std::thread>& threads_;
+};
 
 }  // namespace
 
@@ -69,9 +92,42 @@ ShardSet::ShardSet(const std::vector<std::string>& paths, const std::vector<uint
     : files_(counts.size()), owned_(counts.size()) {
   if (paths.size() != counts.size()) throw FastloadError("ShardSet: paths and counts differ in length");
   set_counts(counts);
-  for (size_t i = 0; i < paths.size(); ++i) {
-    owned_[i] = std::make_unique<ShardFile>(paths[i], counts[i]);
-    files_[i].store(owned_[i].get(), std::memory_order_release);
+  open_all(paths, counts);
+  for (size_t i = 0; i < paths.size(); ++i) files_[i].store(owned_[i].get(), std::memory_order_release);
+}
+
+void ShardSet::open_all(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts) {
+  // Each shard is mapped and its B-tree walked (page faults, mostly): the shards are opened by up to
+  // kOpenThreads threads at once, this one included, each taking the next shard not yet taken. The error
+  // thrown is that of the lowest shard that failed, as opening them in order would throw: once one fails
+  // no new shard is taken, and every shard below it was taken before it and is finished first.
+  const size_t n = paths.size();
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<size_t> next{0};
+  const auto open_some = [&]() noexcept {
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+      try {
+        owned_[i] = std::make_unique<ShardFile>(paths[i], counts[i]);
+      } catch (...) {
+        errors[i] = std::current_exception();
+        next.store(n);
+      }
+    }
+  };
+  const size_t cores = std::max<size_t>(1, std::thread::hardware_concurrency());
+  const size_t helpers = std::min({n, cores, kOpenThreads}) - std::min<size_t>(1, n);
+  {
+    std::vector<std::thread> threads;
+    const ThreadJoiner joiner(threads);  // joined on every way out, before `errors` and `next` go
+    try {
+      for (size_t t = 0; t < helpers; ++t) threads.emplace_back(open_some);
+    } catch (const std::system_error&) {
+      // No thread to be had: the threads started, and this one, open the rest.
+    }
+    open_some();
+  }
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
   }
 }
 

@@ -102,7 +102,9 @@ class ShardFile {
 
 class ShardSet {
  public:
-  // Eager: opens and validates every shard now.
+  // Eager: opens and validates every shard now, several at once (up to 8
+  // threads, no more than the CPUs, all joined before it returns or throws);
+  // throws the error of the lowest shard that fails, as opening them in order.
   ShardSet(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts);
   // Lazy: shards of these record counts, none opened; attach() opens each.
   explicit ShardSet(const std::vector<uint64_t>& counts);
@@ -142,9 +144,10 @@ class ShardSet {
 
  private:
   void set_counts(const std::vector<uint64_t>& counts);
+  void open_all(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts);  // into owned_
 
   std::vector<std::atomic<const ShardFile*>> files_;  // null until attached; owned by owned_
-  std::vector<std::unique_ptr<ShardFile>> owned_;     // written under attach_mutex_ only
+  std::vector<std::unique_ptr<ShardFile>> owned_;     // written under attach_mutex_ only (once built)
   mutable std::vector<uint32_t> pins_;                // per shard; guarded by attach_mutex_
   mutable std::mutex attach_mutex_;
   bool lazy_ = false;

@@ -776,6 +776,30 @@ void test_damaged_copies(const fs::path& dataset, const fs::path& scratch) {
   CHECK(flips > 100);
   CHECK(wrong == 0);
   std::printf("shard_tests: %d truncations refused, %d byte flips caught or harmless\n", truncations, flips);
+  // Shards are opened several at once: the error is always the lowest bad shard's, as opened in order.
+  write(std::vector<uint8_t>(bytes.begin(), bytes.begin() + 100));
+  const fs::path later = scratch / "damaged-later.lmdb";
+  fs::copy_file(damaged, later, fs::copy_options::overwrite_existing);
+  std::vector<std::string> paths(12, first);
+  paths[4] = utf8(damaged);
+  paths[9] = utf8(later);
+  for (int run = 0; run < 20; ++run) {
+    std::string message;
+    try {
+      const ShardSet shards(paths, std::vector<uint64_t>(paths.size(), kPerShard));
+    } catch (const CorruptShardError& e) {
+      message = e.what();
+    }
+    CHECK(message.find("damaged.lmdb") != std::string::npos);
+  }
+  paths[4] = first;  // the other bad one alone: found too, whichever thread opens it
+  bool later_refused = false;
+  try {
+    const ShardSet shards(paths, std::vector<uint64_t>(paths.size(), kPerShard));
+  } catch (const CorruptShardError& e) {
+    later_refused = std::string(e.what()).find("damaged-later.lmdb") != std::string::npos;
+  }
+  CHECK(later_refused);
 }
 
 #ifndef _WIN32
