@@ -195,3 +195,20 @@ def test_transform_parameters_are_not_planned_by_position(small_dataset):
     with pytest.raises(FastloadError, match="draw parameters per sample"):
         it._inner._reader.plan_positions((0, 103, 0, 1, 103, 2), 0, 1, None)
     it.close()
+
+
+def test_batch_buffers_start_on_huge_page_boundaries(tmp_path):
+    # The slots a wait adds come from one buffer; with 2 MiB or more of them they start on a 2 MiB boundary
+    # (huge pages asked for: a fresh process faults its buffers in 2 MiB pieces where the system has them).
+    # A numpy array of its own never starts there: malloc's header comes first.
+    images = np.random.default_rng(0).integers(0, 255, size=(200, 3, 128, 128), dtype=np.uint8)
+    path = tmp_path / "tiles"
+    fastload.write_arrays(path, {"image": images, "label": np.arange(200, dtype=np.int64)}, samples_per_shard=64)
+    loader = planned(path, batch_size=16, shuffle=True, seed=2, num_threads=2, prefetch=8)
+    starts, labels = set(), []
+    for batch in loader:
+        starts.add(batch["image"].data_ptr())
+        labels.append(batch["label"])
+        assert torch.equal(batch["image"], torch.from_numpy(images[batch["label"].numpy()]))
+    assert any(start % (2 << 20) == 0 for start in starts), sorted(start % (2 << 20) for start in starts)
+    assert sorted(torch.cat(labels).tolist()) == list(range(200))

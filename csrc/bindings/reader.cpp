@@ -16,6 +16,7 @@
 #include "bindings/bindings.h"
 #include "checked_math.h"
 #include "errors.h"
+#include "platform/platform.h"
 #include "reader/batch_reader.h"
 #include "reader/permutation.h"
 #include "reader/shard_reader.h"
@@ -24,6 +25,7 @@ namespace fastload::bindings {
 namespace {
 
 constexpr int kSignalPollMs = 50;
+constexpr size_t kHugePage = size_t{2} << 20;  // the x86-64 and arm64 huge page (4 KiB base pages)
 
 // Holds a Python object from C++; safe to destroy on any thread. Once the
 // interpreter is exiting, a thread other than the finalizing one leaks the
@@ -208,11 +210,8 @@ class PyBatchReader {
     const ConsumerGuard guard(busy_, "next");
     // Planned batches wait for free slots: plain buffers are added here, as submitting callers add them
     // before submit(). In a steady loop none is wanted (the slots come back), and nothing is allocated.
-    for (size_t wanted = r.slots_wanted(); wanted > 0; --wanted) {
-      py::array_t<uint8_t> buffer(static_cast<py::ssize_t>(r.slot_bytes()));
-      uint8_t* data = buffer.mutable_data();
-      r.pool()->add(data, r.slot_bytes(), std::make_shared<GilObject>(std::move(buffer)));
-    }
+    const size_t wanted = r.slots_wanted();
+    if (wanted > 0) add_slots(r, wanted);
     std::optional<CompletedBatch> batch;
     while (!batch) {
       std::exception_ptr error;
@@ -227,6 +226,23 @@ class PyBatchReader {
       if (!batch && PyErr_CheckSignals() != 0) throw py::error_already_set();
     }
     return std::move(*batch);
+  }
+
+  // `count` plain slots in one numpy buffer, kept alive until the last of them leaves the pool. With 2 MiB
+  // or more of them, the buffer starts them on a 2 MiB boundary and asks for huge pages: a fresh process then
+  // faults its batch buffers in (the workers' first writes) 2 MiB at a time instead of 4 KiB at a time.
+  static void add_slots(BatchReader& r, size_t count) {
+    const size_t bytes = r.slot_bytes();
+    const size_t total = mul_or_raise<FastloadError>(bytes, count, "batch buffers");
+    const size_t pad = total >= kHugePage ? kHugePage : 0;
+    py::array_t<uint8_t> buffer(static_cast<py::ssize_t>(add_or_raise<FastloadError>(total, pad, "batch buffers")));
+    uint8_t* data = buffer.mutable_data();
+    if (pad > 0) {
+      data += (kHugePage - reinterpret_cast<uintptr_t>(data) % kHugePage) % kHugePage;
+      advise_huge_pages(data, total);
+    }
+    const auto owner = std::make_shared<GilObject>(std::move(buffer));
+    for (size_t i = 0; i < count; ++i) r.pool()->add(data + i * bytes, bytes, owner);
   }
 
   // The oldest batch's sample count, its slot released: for callers that view

@@ -6,6 +6,7 @@
 //     and type checks, the mapping);
 //   - name_this_thread: names the calling thread for debuggers and profilers;
 //   - physical_memory_bytes: the machine's RAM, the bound a batch slot must fit;
+//   - advise_huge_pages: huge pages for batch buffers, where the system has them;
 //   - prefetch_for_read: the compiler's cache prefetch hint (GCC/Clang
 //     builtin, MSVC intrinsic), or nothing;
 //   - utf8_to_wide (Windows only): paths arrive as UTF-8 from Python and are
@@ -39,6 +40,13 @@ inline void prefetch_for_read(const void* p) noexcept {
 // The machine's physical memory in bytes, or SIZE_MAX where the system does
 // not say. Never throws.
 size_t physical_memory_bytes() noexcept;
+
+// Asks the system to back the memory [data, data + size) with huge pages
+// where it can (Linux: madvise MADV_HUGEPAGE; elsewhere nothing), so that its
+// first touch faults in a few large pieces instead of page by page. Only the
+// 2 MiB-aligned part can be; the contents are unchanged. Best effort, never
+// throws.
+void advise_huge_pages(void* data, size_t size) noexcept;
 
 // Names the calling thread (Linux: at most 15 bytes are kept; Windows 10+:
 // SetThreadDescription when the system has it). Best effort, never throws.

@@ -155,6 +155,15 @@ size_t physical_memory_bytes() noexcept {
   return total;
 }
 
+void advise_huge_pages(void* data, size_t size) noexcept {
+#ifdef MADV_HUGEPAGE
+  static_cast<void>(::madvise(data, size, MADV_HUGEPAGE));  // refused (no THP, not aligned): nothing changes
+#else
+  static_cast<void>(data);
+  static_cast<void>(size);
+#endif
+}
+
 void name_this_thread(const std::string& name) noexcept {
 #if defined(__APPLE__)
   pthread_setname_np(name.substr(0, 63).c_str());

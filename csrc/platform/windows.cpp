@@ -97,6 +97,13 @@ size_t physical_memory_bytes() noexcept {
   return static_cast<size_t>(status.ullTotalPhys);
 }
 
+void advise_huge_pages(void* data, size_t size) noexcept {
+  // Large pages on Windows need a privilege and an allocation of their own (VirtualAlloc with
+  // MEM_LARGE_PAGES): buffers handed in by Python stay as they are.
+  static_cast<void>(data);
+  static_cast<void>(size);
+}
+
 void name_this_thread(const std::string& name) noexcept {
   // SetThreadDescription exists from Windows 10 1607: looked up, not linked.
   using SetDescription = HRESULT(WINAPI*)(HANDLE, PCWSTR);
