@@ -234,7 +234,7 @@ class PyBatchReader {
   static void add_slots(BatchReader& r, size_t count) {
     const size_t bytes = r.slot_bytes();
     const size_t total = mul_or_raise<FastloadError>(bytes, count, "batch buffers");
-    const size_t pad = total >= kHugePage ? kHugePage : 0;
+    const size_t pad = total >= kHugePage ? kHugePage : 0;  // virtual only: the pad is never touched
     py::array_t<uint8_t> buffer(static_cast<py::ssize_t>(add_or_raise<FastloadError>(total, pad, "batch buffers")));
     uint8_t* data = buffer.mutable_data();
     if (pad > 0) {
