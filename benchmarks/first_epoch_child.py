@@ -3,7 +3,9 @@
 Run by benchmarks/test_first_epoch.py (``python first_epoch_child.py PATH THREADS PREFETCH EPOCHS``).
 For each epoch: samples/s, time to the first batch, minor and major page faults of the process
 (getrusage), and the consuming thread's CPU time per batch (``time.thread_time``: the Python work
-the user's loop pays for each batch, not the reader threads'), the process's CPU seconds, and its peak RSS.
+the user's loop pays for each batch, not the reader threads'), how often that thread blocked per batch
+(its voluntary context switches, from /proc on Linux; None elsewhere), the process's CPU seconds, and its
+peak RSS.
 """
 
 from __future__ import annotations
@@ -11,7 +13,21 @@ from __future__ import annotations
 import json
 import resource
 import sys
+import threading
 import time
+from pathlib import Path
+
+
+def context_switches() -> int | None:
+    """Return this thread's voluntary context switches (it blocked) so far, or None where /proc does not say."""
+    try:
+        status = Path(f"/proc/self/task/{threading.get_native_id()}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split(":")[1])
+    return None
 
 
 def main() -> None:
@@ -26,6 +42,7 @@ def main() -> None:
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         before = resource.getrusage(resource.RUSAGE_SELF)
+        switches0 = context_switches()
         cpu0 = time.thread_time()
         start = time.perf_counter()
         first = None
@@ -37,11 +54,14 @@ def main() -> None:
             batches += 1
         seconds = time.perf_counter() - start
         cpu = time.thread_time() - cpu0
+        switches1 = context_switches()
         after = resource.getrusage(resource.RUSAGE_SELF)
         rows.append({"samples_per_s": samples / seconds, "seconds": seconds, "first_batch_s": first,
                      "minor_faults": after.ru_minflt - before.ru_minflt,
                      "major_faults": after.ru_majflt - before.ru_majflt,
                      "consumer_cpu_us_per_batch": 1e6 * cpu / max(batches, 1), "samples": samples,
+                     "consumer_blocks_per_batch": None if switches0 is None or switches1 is None
+                     else (switches1 - switches0) / max(batches, 1),
                      "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)})
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
     print(json.dumps({"import_s": imported, "peak_rss_mb": peak_rss_mb, "epochs": rows}))

@@ -64,6 +64,8 @@ def test_first_epoch(benchmark, ds, threads):
         "steady_epoch_minor_faults": statistics.median(r["epochs"][-1]["minor_faults"] for r in runs),
         "first_epoch_major_faults": statistics.median(f["major_faults"] for f in firsts),
         "consumer_cpu_us_per_batch": statistics.median(r["epochs"][-1]["consumer_cpu_us_per_batch"] for r in runs),
+        # How often the iterating thread blocked per batch in a steady epoch (None where /proc does not say).
+        "consumer_blocks_per_batch": _median_or_none(r["epochs"][-1]["consumer_blocks_per_batch"] for r in runs),
         "import_s": statistics.median(r["import_s"] for r in runs),
         "cpu_s": statistics.median(f["cpu_s"] for f in firsts),  # the whole child process, first epoch
         "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs),
@@ -72,6 +74,11 @@ def test_first_epoch(benchmark, ds, threads):
     info["mb_per_s"] = info["samples_per_s"] * ds.sample_bytes / 1e6
     benchmark.extra_info.update(info)
     assert all(f["samples"] == ds.count for f in firsts)
+
+
+def _median_or_none(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
