@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -48,6 +49,13 @@ struct GilObject {
 struct SlotLease {
   std::shared_ptr<Slot> slot;
 };
+
+// The epoch order (seed, epoch, n) planned positions are mapped through, or none: the values are sample indices.
+std::shared_ptr<const Permutation> epoch_order(const std::optional<std::tuple<uint64_t, uint64_t, uint64_t>>& p) {
+  if (!p) return nullptr;
+  const auto [seed, epoch, n] = *p;
+  return std::make_shared<const Permutation>(seed, epoch, n);
+}
 
 // Marks the single consumer of a reader as busy for one call.
 class ConsumerGuard {
@@ -174,11 +182,7 @@ class PyBatchReader {
             const std::optional<py::array_t<int64_t, py::array::c_style | py::array::forcecast>>& params,
             const std::optional<std::tuple<uint64_t, uint64_t, uint64_t>>& permutation) {
     std::vector<uint64_t> copy(indices.data(), indices.data() + indices.size());
-    std::shared_ptr<const Permutation> order;
-    if (permutation) {
-      const auto [seed, epoch, n] = *permutation;
-      order = std::make_shared<const Permutation>(seed, epoch, n);
-    }
+    std::shared_ptr<const Permutation> order = epoch_order(permutation);
     std::vector<int64_t> values = param_values("plan", indices.size(), params);
     BatchReader& r = reader();
     const ConsumerGuard guard(busy_, "plan");
@@ -194,11 +198,7 @@ class PyBatchReader {
                       const std::optional<std::tuple<uint64_t, uint64_t, uint64_t>>& permutation) {
     const auto [start, remaining, rank, world_size, samples, batch_size] = rank_plan;
     const RankPlan plan(start, remaining, rank, world_size, samples, batch_size);
-    std::shared_ptr<const Permutation> order;
-    if (permutation) {
-      const auto [seed, epoch, n] = *permutation;
-      order = std::make_shared<const Permutation>(seed, epoch, n);
-    }
+    std::shared_ptr<const Permutation> order = epoch_order(permutation);
     BatchReader& r = reader();
     const ConsumerGuard guard(busy_, "plan_positions");
     const GilRelease release;

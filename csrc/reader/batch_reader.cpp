@@ -69,6 +69,27 @@ std::vector<size_t> shards_of(const ShardSet& shards, const std::vector<uint64_t
   return out;
 }
 
+// Throws unless `order` (when set) orders no more samples than `shards` hold.
+void check_order_fits(const char* what, const ShardSet& shards, const Permutation* order) {
+  if (order && order->size() > shards.total_records()) {
+    throw FastloadError(std::string(what) + ": an epoch order over " + std::to_string(order->size()) +
+                        " samples, the shards hold " + std::to_string(shards.total_records()));
+  }
+}
+
+// A planned stretch's hold on every shard of a lazy set (null for an eager one), so that none is detached
+// before its batches are done. Throws when one is not attached: such batches are gated and submitted instead.
+std::shared_ptr<const ShardPins> pin_every_shard(const char* what, const std::shared_ptr<const ShardSet>& shards) {
+  if (!shards->lazy()) return nullptr;
+  std::vector<size_t> all(shards->size());
+  std::iota(all.begin(), all.end(), size_t{0});
+  if (!shards->pin(all)) {
+    throw FastloadError(std::string(what) + ": a lazy shard set's batches are planned only once every shard is "
+                        "attached (submit them one by one until then)");
+  }
+  return std::make_shared<const ShardPins>(shards, std::move(all));
+}
+
 }  // namespace
 
 struct BatchReader::Job {
@@ -332,10 +353,7 @@ bool BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> par
 
 void BatchReader::plan(const std::vector<uint64_t>& indices, const std::vector<size_t>& sizes,
                        const std::vector<int64_t>& params, std::shared_ptr<const Permutation> order) {
-  if (order && order->size() > shards_->total_records()) {
-    throw FastloadError("plan: an epoch order over " + std::to_string(order->size()) + " samples, the shards hold " +
-                        std::to_string(shards_->total_records()));
-  }
+  check_order_fits("plan", *shards_, order.get());
   const size_t per_sample = transforms_ ? transforms_->num_params() : 0;
   size_t total = 0;
   for (size_t size : sizes) {
@@ -353,16 +371,8 @@ void BatchReader::plan(const std::vector<uint64_t>& indices, const std::vector<s
     throw FastloadError("plan: " + std::to_string(params.size()) + " transform parameters for " +
                         std::to_string(total) + " samples, expected " + std::to_string(per_sample) + " per sample");
   }
-  std::shared_ptr<const ShardPins> plan_pins;
-  if (shards_->lazy()) {  // every shard attached, and kept so until these batches are delivered or dropped
-    std::vector<size_t> all(shards_->size());
-    std::iota(all.begin(), all.end(), size_t{0});
-    if (!shards_->pin(all)) {
-      throw FastloadError("plan: a lazy shard set's batches are planned only once every shard is attached "
-                          "(submit them one by one until then)");
-    }
-    plan_pins = std::make_shared<const ShardPins>(shards_, std::move(all));
-  }
+  // A lazy set: every shard attached, and kept so until these batches are delivered or dropped.
+  const std::shared_ptr<const ShardPins> plan_pins = pin_every_shard("plan", shards_);
   std::vector<std::shared_ptr<Job>> jobs;
   jobs.reserve(sizes.size());
   size_t at = 0;
@@ -388,11 +398,7 @@ void BatchReader::plan(const std::vector<uint64_t>& indices, const std::vector<s
 
 void BatchReader::plan_positions(const RankPlan& plan, size_t first, size_t stop,
                                  std::shared_ptr<const Permutation> order) {
-  const uint64_t total = shards_->total_records();
-  if (order && order->size() > total) {
-    throw FastloadError("plan_positions: an epoch order over " + std::to_string(order->size()) +
-                        " samples, the shards hold " + std::to_string(total));
-  }
+  check_order_fits("plan_positions", *shards_, order.get());
   if (transforms_ && transforms_->num_params() > 0) {
     throw FastloadError("plan_positions: the transforms draw parameters per sample (plan() them instead)");
   }
@@ -404,21 +410,13 @@ void BatchReader::plan_positions(const RankPlan& plan, size_t first, size_t stop
     throw FastloadError("plan_positions: batches of " + std::to_string(plan.batch_size()) + " samples (capacity " +
                         std::to_string(capacity_) + ")");
   }
-  const uint64_t bound = order ? order->size() : total;
+  const uint64_t bound = order ? order->size() : shards_->total_records();
   if (first < stop && plan.end() > bound) {
     throw FastloadError("plan_positions: " + std::string(order ? "epoch position " : "sample index ") +
                         std::to_string(plan.end() - 1) + " out of range for " + std::to_string(bound) + " samples");
   }
-  auto cursor = std::make_unique<RankCursor>(RankCursor{plan, first, stop, std::move(order), nullptr});
-  if (shards_->lazy()) {  // as plan(): every shard attached, and kept so until these batches are done
-    std::vector<size_t> all(shards_->size());
-    std::iota(all.begin(), all.end(), size_t{0});
-    if (!shards_->pin(all)) {
-      throw FastloadError("plan_positions: a lazy shard set's batches are planned only once every shard is "
-                          "attached (submit them one by one until then)");
-    }
-    cursor->pins = std::make_shared<const ShardPins>(shards_, std::move(all));
-  }
+  auto cursor = std::make_unique<RankCursor>(
+      RankCursor{plan, first, stop, std::move(order), pin_every_shard("plan_positions", shards_)});  // as plan()
   std::unique_ptr<RankCursor> previous;
   std::lock_guard<std::mutex> lock(mutex_);
   if (stop_) throw FastloadError("plan_positions: the reader is closed");

@@ -112,6 +112,17 @@ ReaderOptions reader_options(const ShardSet& shards, size_t capacity, size_t thr
   return options;
 }
 
+// Whether `call()` throws FastloadError (a refusal); false when it returns.
+template <typename Call>
+bool refuses(Call&& call) {
+  try {
+    call();
+  } catch (const FastloadError&) {
+    return true;
+  }
+  return false;
+}
+
 // Decodes every record of `shards` in one thread; returns how many match.
 uint64_t count_good_samples(const ShardSet& shards) {
   const std::vector<uint64_t> fingerprints = written_fingerprints(shards);
@@ -241,14 +252,6 @@ void test_planned_read(const fs::path& dir, const std::vector<uint64_t>& order) 
     CHECK(memory.size() <= 5);  // the window and the batch the consumer held
     // Refused whole: sizes that do not add up, an empty batch, an index or position out of range, and
     // submit() while planned batches wait.
-    const auto refuses = [&](auto&& call) {
-      try {
-        call();
-      } catch (const FastloadError&) {
-        return true;
-      }
-      return false;
-    };
     CHECK(refuses([&] { reader.plan({0, 1, 2}, {2}, {}, permutation); }));
     CHECK(refuses([&] { reader.plan({0, 1}, {0, 2}, {}, permutation); }));
     CHECK(refuses([&] { reader.plan({0, 1}, {33}, {}, permutation); }));
@@ -330,14 +333,6 @@ void test_rank_plan_read(const fs::path& dir, const std::vector<uint64_t>& order
   uint64_t seed = 0, epoch = 0, n = 0;
   in >> seed >> epoch >> n;
   auto shards = std::make_shared<const ShardSet>(shard_paths(dir / "dataset"), shard_counts());
-  const auto refuses = [](auto&& call) {
-    try {
-      call();
-    } catch (const FastloadError&) {
-      return true;
-    }
-    return false;
-  };
   CHECK(refuses([] { RankPlan(0, 10, 0, 0, 10, 4); }));   // world_size 0
   CHECK(refuses([] { RankPlan(0, 10, 3, 3, 4, 4); }));    // rank outside the world
   CHECK(refuses([] { RankPlan(0, 10, 0, 1, 10, 0); }));   // batch_size 0
