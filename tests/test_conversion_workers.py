@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from fastload.conversion import _parallel
+
 pytestmark = pytest.mark.skipif(multiprocessing.get_context().get_start_method() != "fork",
                                 reason="the scripts' tasks and datasets reach the workers by fork")
 
@@ -276,3 +278,30 @@ def test_ctrl_c_handled_by_another_thread_still_stops_the_wait():
     assert proc.returncode == 0 and "interrupted after" in out, out + err
     assert int(out.split("interrupted after")[1].split()[0]) < 10, out  # a slice of the wait, not the task's 60 s
     assert left == []
+
+
+def _interrupted_then_cleanup_fails(i: int) -> int:
+    """A task that a Ctrl-C interrupts, and whose cleanup then fails: shutil.rmtree's double close, seen in CI."""
+    if i < 2:
+        return i
+    try:
+        raise KeyboardInterrupt
+    finally:
+        raise OSError(9, "Bad file descriptor")
+
+
+def _plain_oserror(i: int) -> int:
+    raise OSError(9, "Bad file descriptor")
+
+
+def test_an_error_raised_while_ctrl_c_unwinds_a_task_is_the_ctrl_c():
+    # In one process a task's error is handed to the caller, which reports it as the source's fault
+    # (exit 1 naming a good file); an error replacing a KeyboardInterrupt must stop the run as Ctrl-C does
+    outcomes = _parallel.ordered_map(_interrupted_then_cleanup_fails, [(i,) for i in range(4)], 1)
+    assert [next(outcomes), next(outcomes)] == [(0, None), (1, None)]
+    with pytest.raises(KeyboardInterrupt) as caught:
+        next(outcomes)
+    assert isinstance(caught.value.__cause__, OSError)
+    # an ordinary error is still the task's outcome
+    (result, error), = _parallel.ordered_map(_plain_oserror, [(0,)], 1)
+    assert result is None and isinstance(error, OSError)

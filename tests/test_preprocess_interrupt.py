@@ -138,3 +138,25 @@ def test_ctrl_c_at_any_point_ends_the_run_and_resume_completes_it(tmp_path, scen
     print(outcomes)
     interrupted = sum(o[2] == "interrupted" for o in outcomes)
     assert interrupted >= runs // 2, f"too few runs were interrupted mid-run to test anything: {outcomes}"
+
+
+def test_an_error_that_replaced_a_ctrl_c_reports_the_interrupt(tmp_path, scenes, monkeypatch, capsys):
+    # A cleanup that the Ctrl-C interrupted can fail in turn (CI: shutil.rmtree's double close gave
+    # "OSError: [Errno 9] Bad file descriptor", reported as an error of a good source, exit 1)
+    from fastload.conversion import preprocess as cli
+    from fastload.conversion._dataset_writer import PreprocessError
+
+    def interrupted_run(args):
+        try:
+            try:
+                raise KeyboardInterrupt
+            finally:
+                raise OSError(9, "Bad file descriptor")
+        except OSError as err:
+            raise PreprocessError(f"cats/3.png: OSError: {err}") from err
+
+    monkeypatch.setattr(cli, "run", interrupted_run)
+    status = cli.main(["--data-dir", str(scenes), "--output-dir", str(tmp_path / "out"), *OPTIONS])
+    err = capsys.readouterr().err
+    assert status == 130, err
+    assert "interrupted" in err and "--resume" in err and "Bad file descriptor" not in err

@@ -45,6 +45,7 @@ from ._hdf5 import StackInfo, StackSettings
 from ._images import PILLOW_MODES, ImageReadError
 from ._journal import PROGRESS_NAME
 from ._label_csv import labels_from_csv
+from ._parallel import unwinding_ctrl_c
 from ._preprocess_h5 import probe_stacks, stack_fields, stack_job, stack_plan
 from ._preprocess_plan import (
     SplitPlan,
@@ -518,18 +519,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preprocess_tiles: error: {err}", file=sys.stderr)
         return 2
     except (SourceError, PreprocessError, DatasetError, ClusterError) as err:
+        if unwinding_ctrl_c(err):  # a cleanup that the Ctrl-C interrupted failed in turn
+            return _interrupted(args)
         print(f"preprocess_tiles: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        if _output_complete(args):  # Ctrl-C after the last manifest was written: the run is done
-            print("preprocess_tiles: done (Ctrl-C arrived after the dataset was complete)", file=sys.stderr)
-            return 0
-        print(f"preprocess_tiles: interrupted; completed shards are kept, continue with: "
-              f"{_rerun(args.argv, '--resume')}", file=sys.stderr)
-        return 130
+        return _interrupted(args)
     if results:
         print(_summary(results, time.perf_counter() - start))
     return 0
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    """Report a Ctrl-C and return the exit status: 130, or 0 when the output was complete before it."""
+    if _output_complete(args):  # Ctrl-C after the last manifest was written: the run is done
+        print("preprocess_tiles: done (Ctrl-C arrived after the dataset was complete)", file=sys.stderr)
+        return 0
+    print(f"preprocess_tiles: interrupted; completed shards are kept, continue with: "
+          f"{_rerun(args.argv, '--resume')}", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":
