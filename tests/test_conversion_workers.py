@@ -37,7 +37,9 @@ from fastload.conversion import _convert, _parallel
 _convert.CHUNK_BYTES = 30 * 3 * 16 * 16  # about 30 samples per task
 
 def stuck(i):  # blocks SIGINT, as a worker stuck in native code or deadlocked would not see it
-    print("stuck", i, flush=True)
+    # One write per line: with PYTHONUNBUFFERED set (as on this VM) print writes each piece apart, and two workers'
+    # lines interleaved ("stuckstuck 70", then "40"): the test counted one and waited for ever
+    os.write(1, f"stuck {i}\\n".encode())
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     time.sleep(STUCK_S)
 

@@ -50,3 +50,21 @@ def test_progress_counts_every_byte(small_dataset):
 def test_bad_jobs_is_a_usage_error(small_dataset):
     r = run_cli("fastload", "verify", str(small_dataset), "--jobs", "0")
     assert r.returncode == 2 and "--jobs must be at least 1" in r.stderr
+
+
+def test_an_error_that_replaced_a_ctrl_c_stops_verify_as_the_ctrl_c(small_dataset, monkeypatch):
+    # a cleanup interrupted by Ctrl-C that fails in turn (an OSError whose context is the KeyboardInterrupt)
+    # must not read as a problem of the dataset, nor let verify go on to the next split
+    import pytest
+
+    from fastload.tools import cli
+
+    def interrupted(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise OSError(9, "Bad file descriptor")
+
+    monkeypatch.setattr(cli, "verify_dataset", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["verify", str(small_dataset)])

@@ -138,3 +138,25 @@ class RemoteError(DatasetError):
 
 class RemoteNotFoundError(RemoteError):
     """An object (a manifest, a shard, a bucket) is not at the URL the message names."""
+
+
+def unwinding_ctrl_c(err: BaseException) -> bool:
+    """Whether ``err`` was raised while a KeyboardInterrupt unwound (it is in the error's context chain).
+
+    Cleanup that a Ctrl-C interrupts may fail in turn and replace the KeyboardInterrupt: seen in CI,
+    ``shutil.rmtree`` (a ``TemporaryDirectory`` of a remote source's copy) interrupted between its
+    ``os.close(fd)`` and the flag recording it closed the descriptor again in its ``finally`` and raised
+    ``OSError: [Errno 9] Bad file descriptor``. Reported as the task's error, the run ended with a
+    failure naming a good source instead of as interrupted (and resumable).
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        chained = todo.pop()
+        if chained is None or id(chained) in seen:
+            continue
+        if isinstance(chained, KeyboardInterrupt):
+            return True
+        seen.add(id(chained))
+        todo += (chained.__cause__, chained.__context__)
+    return False

@@ -14,6 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from ..errors import unwinding_ctrl_c
 from ._dask_map import dask_ordered_map
 
 T = TypeVar("T")
@@ -106,28 +107,6 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
                 _kill_workers(executor)
         finally:
             executor.shutdown(wait=True, cancel_futures=True)
-
-
-def unwinding_ctrl_c(err: BaseException) -> bool:
-    """Whether ``err`` was raised while a KeyboardInterrupt unwound (it is in the error's context chain).
-
-    Cleanup that a Ctrl-C interrupts may fail in turn and replace the KeyboardInterrupt: seen in CI,
-    ``shutil.rmtree`` (a ``TemporaryDirectory`` of a remote source's copy) interrupted between its
-    ``os.close(fd)`` and the flag recording it closed the descriptor again in its ``finally`` and raised
-    ``OSError: [Errno 9] Bad file descriptor``. Reported as the task's error, the run ended with a
-    failure naming a good source instead of as interrupted (and resumable).
-    """
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [err]
-    while todo:
-        chained = todo.pop()
-        if chained is None or id(chained) in seen:
-            continue
-        if isinstance(chained, KeyboardInterrupt):
-            return True
-        seen.add(id(chained))
-        todo += (chained.__cause__, chained.__context__)
-    return False
 
 
 def _kill_workers(executor: ProcessPoolExecutor) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..errors import ArgumentError, ClusterError, DatasetError
+from ..errors import ArgumentError, ClusterError, DatasetError, unwinding_ctrl_c
 from ..format._codecs import (
     CODECS,
     IMAGE_CODECS,
@@ -45,7 +45,6 @@ from ._hdf5 import StackInfo, StackSettings
 from ._images import PILLOW_MODES, ImageReadError
 from ._journal import PROGRESS_NAME
 from ._label_csv import labels_from_csv
-from ._parallel import unwinding_ctrl_c
 from ._preprocess_h5 import probe_stacks, stack_fields, stack_job, stack_plan
 from ._preprocess_plan import (
     SplitPlan,

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import FastloadError
+from ..errors import FastloadError, unwinding_ctrl_c
 from ..format._splits import split_dirs
 from ..format._verify import VerifyReport, verify_dataset
 from ..storage import CachedDataset, RemoteSpec, is_remote, open_remote, redact, remote_splits
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fastload: error: {err}", file=sys.stderr)
         return 1
     except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
+        _raise_if_ctrl_c(err)
         shown = redact(args.directory) if is_remote(args.directory) else args.directory
         print(f"fastload: error: {shown}: info stopped: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
@@ -77,6 +78,7 @@ def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bo
         print(err)
         return 1
     except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
+        _raise_if_ctrl_c(err)
         shown = redact(directory) if is_remote(directory) else directory
         print(f"{shown}: verify stopped: {type(err).__name__}: {err}")
         return 1
@@ -88,6 +90,7 @@ def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bo
         try:
             report = verify_dataset(path, jobs, progress, on_problem=print, allow_external_shards=allow_external_shards)
         except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
+            _raise_if_ctrl_c(err)
             print(f"{path}: verify stopped: {type(err).__name__}: {err}")
             report = VerifyReport(problems=[str(err)])
         for note in report.notes:
@@ -115,3 +118,12 @@ def _download_remote(url: str, held: list[CachedDataset]) -> dict[str, Path]:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _raise_if_ctrl_c(err: Exception) -> None:
+    """Raise KeyboardInterrupt when ``err`` replaced one (a cleanup interrupted by Ctrl-C failed in turn).
+
+    Else a Ctrl-C would read as a failure of the dataset, and ``verify`` would go on to the next split.
+    """
+    if unwinding_ctrl_c(err):
+        raise KeyboardInterrupt from err
