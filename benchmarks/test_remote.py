@@ -239,34 +239,13 @@ class CachePeak:
 def test_litdata_epoch(benchmark, s3, ds, phase):
     """LitData, an optional peer (benchmarks/peer_litdata.py), on the same samples and server, side by side.
 
-    ``cold``: a new ``StreamingDataset`` over an empty cache and one shuffled epoch; ``warm``: an epoch of
-    a loader that read one epoch before the rounds. In this process, without DataLoader workers: with 2
-    (forked) its warm epoch of small records took 118 s here against 1.6 s without (docs/benchmarks.md).
+    In this process, without DataLoader workers: with 2 (forked) its warm epoch of small records took
+    118 s here against 1.6 s without (docs/benchmarks.md).
     """
-    workers = 0
-    options, urls = s3
-    if f"litdata-{ds.name}" not in urls:
+    if f"litdata-{ds.name}" not in s3[1]:
         pytest.skip("litdata is not installed (an optional peer: pip install litdata)")
-    result = EpochResult()
-    with tempfile.TemporaryDirectory(prefix="litdata-bench-cache-") as tmp:
-        caches = iter(range(1000))
-        warm = None
-        if phase == "warm":
-            warm = peer_litdata.loader(urls[f"litdata-{ds.name}"], Path(tmp) / "warm", options, BATCH, workers)
-            for _ in warm:
-                pass
-
-        def make():
-            if warm is not None:
-                return warm
-            return peer_litdata.loader(urls[f"litdata-{ds.name}"], Path(tmp) / f"cold-{next(caches)}", options,
-                                       BATCH, workers)
-
-        benchmark.group = f"remote-{ds.name}"
-        with MemorySampler() as memory:
-            benchmark.pedantic(lambda: run_epoch(make, result), **PEER_ROUNDS)
-    assert result.samples == ds.count
-    benchmark.extra_info.update(extra_info(result, ds.sample_bytes, None, memory))
+    peer_epoch(benchmark, s3, ds, phase, "litdata", lambda url, cache, options: peer_litdata.loader(
+        url, cache, options, BATCH, 0))
 
 
 # Streaming hands the DataLoader read-only arrays of its shards' mappings; torch warns when collating them.
@@ -277,28 +256,33 @@ def test_litdata_epoch(benchmark, s3, ds, phase):
 def test_streaming_epoch(benchmark, s3, ds, phase):
     """MosaicML Streaming, an optional peer (benchmarks/peer_streaming.py), on the same samples and server.
 
-    ``cold``: a new ``StreamingDataset`` over an empty cache directory and one shuffled epoch; ``warm``:
-    an epoch of a loader that read one epoch before the rounds. With ``STREAMING_WORKERS`` DataLoader
-    workers, its best setting here.
+    With ``STREAMING_WORKERS`` DataLoader workers, its best setting here.
+    """
+    if f"streaming-{ds.name}" not in s3[1]:
+        pytest.skip("mosaicml-streaming is not installed (an optional peer: see benchmarks/peer_streaming.py)")
+    peer_epoch(benchmark, s3, ds, phase, "streaming", lambda url, cache, options: peer_streaming.loader(
+        url, cache, options, BATCH, STREAMING_WORKERS))
+
+
+def peer_epoch(benchmark, s3, ds, phase: str, peer: str, make_loader) -> None:
+    """One shuffled epoch of a peer's loader over its copy of ``ds`` on the same server, as a benchmark round.
+
+    ``cold``: a new loader over an empty cache directory; ``warm``: an epoch of a loader that read one
+    epoch before the rounds. ``make_loader(url, cache_dir, storage_options)`` builds the peer's loader.
     """
     options, urls = s3
-    if f"streaming-{ds.name}" not in urls:
-        pytest.skip("mosaicml-streaming is not installed (an optional peer: see benchmarks/peer_streaming.py)")
+    url = urls[f"{peer}-{ds.name}"]
     result = EpochResult()
-    with tempfile.TemporaryDirectory(prefix="streaming-bench-cache-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{peer}-bench-cache-") as tmp:
         caches = iter(range(1000))
         warm = None
         if phase == "warm":
-            warm = peer_streaming.loader(urls[f"streaming-{ds.name}"], Path(tmp) / "warm", options, BATCH,
-                                         STREAMING_WORKERS)
+            warm = make_loader(url, Path(tmp) / "warm", options)
             for _ in warm:
                 pass
 
         def make():
-            if warm is not None:
-                return warm
-            return peer_streaming.loader(urls[f"streaming-{ds.name}"], Path(tmp) / f"cold-{next(caches)}", options,
-                                         BATCH, STREAMING_WORKERS)
+            return warm if warm is not None else make_loader(url, Path(tmp) / f"cold-{next(caches)}", options)
 
         benchmark.group = f"remote-{ds.name}"
         with MemorySampler() as memory:
