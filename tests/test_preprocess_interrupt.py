@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 import tifffile
 
+from fastload.conversion import preprocess as cli
+from fastload.conversion._dataset_writer import PreprocessError
 from fastload.preprocess import main as preprocess_main
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and sessions")
@@ -143,9 +145,6 @@ def test_ctrl_c_at_any_point_ends_the_run_and_resume_completes_it(tmp_path, scen
 def test_an_error_that_replaced_a_ctrl_c_reports_the_interrupt(tmp_path, scenes, monkeypatch, capsys):
     # A cleanup that the Ctrl-C interrupted can fail in turn (CI: shutil.rmtree's double close gave
     # "OSError: [Errno 9] Bad file descriptor", reported as an error of a good source, exit 1)
-    from fastload.conversion import preprocess as cli
-    from fastload.conversion._dataset_writer import PreprocessError
-
     def interrupted_run(args):
         try:
             try:

@@ -3,10 +3,12 @@
 import re
 import shutil
 
+import pytest
 from conftest import run_cli
 
 from fastload.format._manifest import load_manifest
 from fastload.format._verify import check_shard, verify_dataset
+from fastload.tools import cli
 
 
 def test_summary_counts_shards_records_bytes(small_dataset):
@@ -55,10 +57,6 @@ def test_bad_jobs_is_a_usage_error(small_dataset):
 def test_an_error_that_replaced_a_ctrl_c_stops_verify_as_the_ctrl_c(small_dataset, monkeypatch):
     # a cleanup interrupted by Ctrl-C that fails in turn (an OSError whose context is the KeyboardInterrupt)
     # must not read as a problem of the dataset, nor let verify go on to the next split
-    import pytest
-
-    from fastload.tools import cli
-
     def interrupted(*args, **kwargs):
         try:
             raise KeyboardInterrupt
