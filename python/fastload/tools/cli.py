@@ -116,10 +116,6 @@ def _download_remote(url: str, held: list[CachedDataset]) -> dict[str, Path]:
     return {name: cached.path for name, cached in zip(targets, held)}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _raise_if_ctrl_c(err: Exception) -> None:
     """Raise KeyboardInterrupt when ``err`` replaced one (a cleanup interrupted by Ctrl-C failed in turn).
 
@@ -127,3 +123,7 @@ def _raise_if_ctrl_c(err: Exception) -> None:
     """
     if unwinding_ctrl_c(err):
         raise KeyboardInterrupt from err
+
+
+if __name__ == "__main__":
+    sys.exit(main())
