@@ -140,7 +140,7 @@ class RemoteNotFoundError(RemoteError):
     """An object (a manifest, a shard, a bucket) is not at the URL the message names."""
 
 
-def unwinding_ctrl_c(err: BaseException) -> bool:
+def _unwinding_ctrl_c(err: BaseException) -> bool:
     """Whether ``err`` was raised while a KeyboardInterrupt unwound (it is in the error's context chain).
 
     Cleanup that a Ctrl-C interrupts may fail in turn and replace the KeyboardInterrupt: seen in CI,

@@ -14,7 +14,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from ..errors import unwinding_ctrl_c
+from ..errors import _unwinding_ctrl_c
 from ._dask_map import dask_ordered_map
 
 T = TypeVar("T")
@@ -69,7 +69,7 @@ def ordered_map(fn: Callable[..., T], arg_tuples: Iterable[tuple], workers: int,
             try:
                 outcome: tuple[T | None, BaseException | None] = (fn(*args), None)
             except Exception as err:  # handed to the caller, which decides
-                if unwinding_ctrl_c(err):
+                if _unwinding_ctrl_c(err):
                     raise KeyboardInterrupt from err
                 outcome = (None, err)
             yield outcome

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..errors import ArgumentError, ClusterError, DatasetError, unwinding_ctrl_c
+from ..errors import ArgumentError, ClusterError, DatasetError, _unwinding_ctrl_c
 from ..format._codecs import (
     CODECS,
     IMAGE_CODECS,
@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preprocess_tiles: error: {err}", file=sys.stderr)
         return 2
     except (SourceError, PreprocessError, DatasetError, ClusterError) as err:
-        if unwinding_ctrl_c(err):  # a cleanup that the Ctrl-C interrupted failed in turn
+        if _unwinding_ctrl_c(err):  # a cleanup that the Ctrl-C interrupted failed in turn
             return _interrupted(args)
         print(f"preprocess_tiles: error: {err}", file=sys.stderr)
         return 1

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import FastloadError, unwinding_ctrl_c
+from ..errors import FastloadError, _unwinding_ctrl_c
 from ..format._splits import split_dirs
 from ..format._verify import VerifyReport, verify_dataset
 from ..storage import CachedDataset, RemoteSpec, is_remote, open_remote, redact, remote_splits
@@ -121,7 +121,7 @@ def _raise_if_ctrl_c(err: Exception) -> None:
 
     Else a Ctrl-C would read as a failure of the dataset, and ``verify`` would go on to the next split.
     """
-    if unwinding_ctrl_c(err):
+    if _unwinding_ctrl_c(err):
         raise KeyboardInterrupt from err
 
 
