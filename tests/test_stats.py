@@ -1,3 +1,5 @@
+import platform
+import sys
 import time
 
 import numpy as np
@@ -43,6 +45,34 @@ def test_a_slow_training_step_makes_the_consumer_the_bottleneck(zstd_tiles):
         time.sleep(0.03)
     s = loader.stats()
     assert s["bottleneck"] == "consumer" and s["wait_share"] < 0.1
+
+
+def _kernel_has_populate_write() -> bool:
+    """Return whether this is Linux 5.14 or later (madvise MADV_POPULATE_WRITE)."""
+    if sys.platform != "linux":
+        return False
+    major, minor = (int(part) for part in platform.release().split(".")[:2])
+    return (major, minor) >= (5, 14)
+
+
+@pytest.mark.skipif(not _kernel_has_populate_write(), reason="needs Linux 5.14+ (madvise MADV_POPULATE_WRITE)")
+def test_a_waiting_consumer_faults_fresh_batch_buffers_in_where_a_core_is_idle(zstd_tiles, slow_reads, monkeypatch):
+    from fastload.loading import _loader
+
+    slow_reads(2000)  # the batches are never ready when asked for: the consumer has time to fault every slot in
+    monkeypatch.setattr(_loader, "usable_cores", lambda: 4)  # 1 thread on 4 cores: the consumer's core is idle
+    loader = ShardLoader(zstd_tiles, batch_size=8, num_threads=1, shuffle=False)
+    first = [b["image"].clone() for b in loader]
+    slot_bytes = 8 * (3 * 64 * 64 + 8)
+    assert loader.stats()["prefaulted_bytes"] >= 4 * slot_bytes  # the first two slots, then the rest of the window
+    second = [b["image"].clone() for b in loader]  # the pool's slots again: nothing fresh to fault in
+    assert loader.stats()["prefaulted_bytes"] == 0
+    assert len(first) == len(second) == 8 and all(a.equal(b) for a, b in zip(first, second))
+
+    monkeypatch.setattr(_loader, "usable_cores", lambda: 1)  # as many threads as cores: the workers fault them
+    busy = ShardLoader(zstd_tiles, batch_size=8, num_threads=1, shuffle=False)
+    assert all(a.equal(b["image"]) for a, b in zip(first, busy))
+    assert busy.stats()["prefaulted_bytes"] == 0
 
 
 def test_stats_while_running_and_for_the_torch_backend(zstd_tiles):

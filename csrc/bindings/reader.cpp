@@ -211,7 +211,11 @@ class PyBatchReader {
     // Planned batches wait for free slots: plain buffers are added here, as submitting callers add them
     // before submit(). In a steady loop none is wanted (the slots come back), and nothing is allocated.
     const size_t wanted = r.slots_wanted();
-    if (wanted > 0) add_slots(r, wanted);
+    if (wanted > 0) {
+      FreshSlots fresh = add_slots(r, wanted);
+      if (prefault_) unfaulted_.push_back(std::move(fresh));
+    }
+    if (!unfaulted_.empty()) prefault_while_waiting(r);  // a few locks, then only while the batch is not ready
     std::optional<CompletedBatch> batch;
     while (!batch) {
       std::exception_ptr error;
@@ -228,10 +232,55 @@ class PyBatchReader {
     return std::move(*batch);
   }
 
+  // Slots added and not yet faulted in: [data, data + size) is still to do, and `owner` keeps it alive.
+  struct FreshSlots {
+    uint8_t* data = nullptr;
+    size_t size = 0;
+    std::shared_ptr<GilObject> owner;
+  };
+
+  // While the next batch is not ready, this thread (which would only sleep) faults in the pages of fresh slots,
+  // 2 MiB at a time, in the order opposite to the workers': the pool hands out the slots a buffer holds from its
+  // end (last in, first out), so this goes from its start, through the slots needed last. In a fresh process
+  // the first touch of new memory is a large part of a first epoch's work (issue 26; on a virtual machine up
+  // to milliseconds per MB). It stops when the batch is ready, or after kSignalPollMs (so that Ctrl-C is seen
+  // as promptly as in the wait), and goes on at the next wait; pages the workers reached first cost nothing.
+  void prefault_while_waiting(BatchReader& r) {
+    r.submit_planned();  // the workers start on the new slots meanwhile (a short lock: no GIL needed by them)
+    if (r.next_ready()) return;
+    bool supported = true;
+    {
+      const GilRelease release;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSignalPollMs);
+      size_t i = unfaulted_.size();  // the newest buffer first: the workers are least likely to be there yet
+      while (i > 0 && supported && !r.next_ready() && std::chrono::steady_clock::now() < until) {
+        FreshSlots& region = unfaulted_[i - 1];
+        if (region.size == 0) {
+          --i;
+          continue;
+        }
+        const size_t step = std::min(region.size, kHugePage);  // a buffer of 2 MiB or more starts 2 MiB-aligned
+        supported = prefault_for_writing(region.data, step);
+        region.data += step;
+        region.size -= step;
+        prefaulted_bytes_ += step;
+      }
+    }
+    if (!supported) {  // this system cannot: no more tries (their owners go with the GIL, as below)
+      prefaulted_bytes_ = 0;
+      unfaulted_.clear();
+      return;
+    }
+    // Done regions let go of their memory here, with the GIL (their owner is a Python object).
+    unfaulted_.erase(std::remove_if(unfaulted_.begin(), unfaulted_.end(), [](const FreshSlots& f) { return f.size == 0; }),
+                     unfaulted_.end());
+  }
+
   // `count` plain slots in one numpy buffer, kept alive until the last of them leaves the pool. With 2 MiB
   // or more of them, the buffer starts them on a 2 MiB boundary and asks for huge pages: a fresh process then
   // faults its batch buffers in (the workers' first writes) 2 MiB at a time instead of 4 KiB at a time.
-  static void add_slots(BatchReader& r, size_t count) {
+  // Returns them as fresh slots (for prefault_while_waiting).
+  static FreshSlots add_slots(BatchReader& r, size_t count) {
     const size_t bytes = r.slot_bytes();
     const size_t total = mul_or_raise<FastloadError>(bytes, count, "batch buffers");
     const size_t pad = total >= kHugePage ? kHugePage : 0;  // virtual only: the pad is never touched
@@ -243,6 +292,7 @@ class PyBatchReader {
     }
     const auto owner = std::make_shared<GilObject>(std::move(buffer));
     for (size_t i = 0; i < count; ++i) r.pool()->add(data + i * bytes, bytes, owner);
+    return FreshSlots{data, total, owner};
   }
 
   // The oldest batch's sample count, its slot released: for callers that view
@@ -275,6 +325,13 @@ class PyBatchReader {
     return arrays;
   }
 
+  // Bytes of fresh batch buffers this reader's consumer faulted in while it waited for batches.
+  size_t prefaulted_bytes() const { return prefaulted_bytes_; }
+  // Whether the consumer faults fresh batch buffers in while it waits (policy: the Python side turns it
+  // on where a core would otherwise be idle). Off by default.
+  bool prefault() const { return prefault_; }
+  void set_prefault(bool on) { prefault_ = on; }
+
   void close() {
     if (!reader_) return;
     if (forked()) {
@@ -306,6 +363,9 @@ class PyBatchReader {
   std::vector<std::vector<py::ssize_t>> shapes_;
   size_t num_params_ = 0;
   std::unique_ptr<BatchReader> reader_;
+  std::vector<FreshSlots> unfaulted_;  // fresh slots whose pages this thread faults in while it waits
+  size_t prefaulted_bytes_ = 0;        // how much of them it did (0 where the system cannot)
+  bool prefault_ = false;              // whether it does (set_prefault)
   pid_t owner_pid_ = ::getpid();
   std::atomic<bool> busy_{false};
 };
@@ -353,6 +413,8 @@ void register_reader(py::module_& m) {
       .def_property_readonly("pool", [](PyBatchReader& r) { return r.reader().pool(); })
       .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })
       .def_property_readonly("total_slots", [](PyBatchReader& r) { return r.reader().pool()->total_count(); })
+      .def_property_readonly("prefaulted_bytes", &PyBatchReader::prefaulted_bytes)
+      .def_property("prefault_while_waiting", &PyBatchReader::prefault, &PyBatchReader::set_prefault)
       .def_property_readonly("pending", [](PyBatchReader& r) { return r.reader().pending(); })
       .def_property_readonly("ready", [](PyBatchReader& r) { return r.reader().ready(); })
       .def_property_readonly("closed", [](PyBatchReader& r) { return r.reader().closed(); })

@@ -7,6 +7,7 @@
 //   - name_this_thread: names the calling thread for debuggers and profilers;
 //   - physical_memory_bytes: the machine's RAM, the bound a batch slot must fit;
 //   - advise_huge_pages: huge pages for batch buffers, where the system has them;
+//   - prefault_for_writing: a fresh buffer's pages faulted in ahead of its first use;
 //   - prefetch_for_read: the compiler's cache prefetch hint (GCC/Clang
 //     builtin, MSVC intrinsic), or nothing;
 //   - utf8_to_wide (Windows only): paths arrive as UTF-8 from Python and are
@@ -47,6 +48,14 @@ size_t physical_memory_bytes() noexcept;
 // 2 MiB-aligned part can be; the contents are unchanged. Best effort, never
 // throws.
 void advise_huge_pages(void* data, size_t size) noexcept;
+
+// Faults the whole pages of [data, data + size) in, writable, without
+// writing them (Linux 5.14+: madvise MADV_POPULATE_WRITE): a thread with
+// nothing else to do takes the first-touch cost of a fresh buffer before the
+// workers that fill it get there. The contents are unchanged. Returns false
+// where the system has no such call (elsewhere, an older kernel), so that the
+// caller stops asking; other refusals are ignored. Never throws.
+bool prefault_for_writing(void* data, size_t size) noexcept;
 
 // Names the calling thread (Linux: at most 15 bytes are kept; Windows 10+:
 // SetThreadDescription when the system has it). Best effort, never throws.

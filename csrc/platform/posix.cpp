@@ -164,6 +164,28 @@ void advise_huge_pages(void* data, size_t size) noexcept {
 #endif
 }
 
+bool prefault_for_writing(void* data, size_t size) noexcept {
+#if defined(__linux__)
+#ifdef MADV_POPULATE_WRITE
+  constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE (Linux 5.14), absent from older headers
+#endif
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  if (page == 0 || size < page) return true;
+  const uintptr_t first = (begin + page - 1) / page * page;  // no overflow: [data, data + size) is memory
+  const uintptr_t last = (begin + size) / page * page;
+  if (last <= first) return true;
+  // EINVAL: a kernel without it (or a sandbox such as gVisor). Anything else (ENOMEM, EINTR) is ignored.
+  return ::madvise(reinterpret_cast<void*>(first), last - first, kPopulateWrite) == 0 || errno != EINVAL;
+#else
+  static_cast<void>(data);
+  static_cast<void>(size);
+  return false;
+#endif
+}
+
 void name_this_thread(const std::string& name) noexcept {
 #if defined(__APPLE__)
   pthread_setname_np(name.substr(0, 63).c_str());

@@ -104,6 +104,13 @@ void advise_huge_pages(void* data, size_t size) noexcept {
   static_cast<void>(size);
 }
 
+bool prefault_for_writing(void* data, size_t size) noexcept {
+  // Nothing here: Windows has no call that faults pages in without writing them (PrefetchVirtualMemory reads).
+  static_cast<void>(data);
+  static_cast<void>(size);
+  return false;
+}
+
 void name_this_thread(const std::string& name) noexcept {
   // SetThreadDescription exists from Windows 10 1607: looked up, not linked.
   using SetDescription = HRESULT(WINAPI*)(HANDLE, PCWSTR);

@@ -489,6 +489,17 @@ size_t BatchReader::slots_wanted() const {
   return wanted > free ? wanted - free : 0;
 }
 
+void BatchReader::submit_planned() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stop_) throw FastloadError("submit_planned: the reader is closed");
+  refill_locked();
+}
+
+bool BatchReader::next_ready() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stop_ || inflight_.empty() || inflight_.front()->chunks_left.load() == 0;
+}
+
 std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds timeout) {
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mutex_);

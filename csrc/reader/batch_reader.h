@@ -162,6 +162,14 @@ class BatchReader {
   // How many free slots the planned batches lack now to fill the window: add
   // that many before wait_next(), or the window stays short of them.
   size_t slots_wanted() const;
+  // Submits planned batches as the window and the free slots allow (what
+  // wait_next() does first), so that workers start on slots just added while
+  // the caller does something else before waiting. Throws FastloadError when
+  // closed.
+  void submit_planned();
+  // Whether wait_next() would return at once: the oldest submitted batch is
+  // complete, or nothing is submitted (wait_next() then says why).
+  bool next_ready() const;
 
   // The oldest submitted batch once complete; nullopt when `timeout` passes
   // first. When it is not complete yet (after the first batch), this waits

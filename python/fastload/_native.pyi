@@ -114,6 +114,9 @@ class BatchReader:
     @property
     def total_slots(self) -> int: ...
     @property
+    def prefaulted_bytes(self) -> int: ...  # fresh batch buffers faulted in by the consumer while it waited
+    prefault_while_waiting: bool  # whether the consumer does so (off by default; the loader's policy)
+    @property
     def pending(self) -> int: ...
     @property
     def ready(self) -> int: ...

@@ -32,7 +32,7 @@ from ._remote_shards import (
 )
 from ._sampler import EpochBatchSampler, EpochSampler
 from ._sampling_setup import WithSource, dataset_fingerprint
-from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec
+from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec, usable_cores
 from ._state import MAX_EPOCH, check_state, make_state
 from ._torch_backend import OrderBatchSampler, make_dataloader, workers_for_platform
 
@@ -393,7 +393,8 @@ class ShardLoader:
         if remote_set is not None and shards_missing(datasets):  # fetch ahead in the order the batches read
             remote_set.want(native_position_map(order)(plan.positions_of_batches(0, len(plan))), self.batch_size)
         settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
-                                  host_allocator=self._host_allocator, slots=None if grouped else self._slots)
+                                  host_allocator=self._host_allocator, slots=None if grouped else self._slots,
+                                  prefault_while_waiting=self.num_threads < usable_cores())
         epoch_batches: Iterator[Batch]
         if grouped:  # datasets that store records differently: a reader per group, parts copied together
             assert isinstance(self.dataset, ConcatShardDataset)
@@ -462,7 +463,8 @@ class ShardLoader:
         Keys: batches, samples, wait_s (time the consumer waited for data),
         wall_s, wait_share, and for the native backend bytes_read,
         bytes_decoded, read_s, decompress_s, copy_s (summed over threads),
-        ready_batches; with ``device=`` also h2d_s (device time of the
+        ready_batches, prefaulted_bytes (fresh batch buffers the consumer's
+        thread faulted in while it waited, a first epoch's); with ``device=`` also h2d_s (device time of the
         host-to-device copies), h2d_bytes and copy_wait_s (time the consumer
         blocked on a copy); plus ``bottleneck``: "consumer" when the loop
         rarely waits, "h2d" when most of the waiting was on copies, else the

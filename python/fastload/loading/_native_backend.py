@@ -50,6 +50,9 @@ class NativeSettings:
     verify_checksums: bool = True
     host_allocator: HostAllocator | None = None  # testing only: replaces torch's pinned allocator
     slots: SlotPoolKeeper | None = None  # plain buffers kept from pass to pass (the loader's)
+    # The consumer's thread faults fresh batch buffers in while it waits (where a core is idle: fewer
+    # threads than cores; measured in docs/benchmarks.md, "Fresh memory").
+    prefault_while_waiting: bool = False
 
     def allocator(self) -> HostAllocator | None:
         """Return the allocator of single-use batch buffers, or None for pooled numpy buffers."""
@@ -198,6 +201,7 @@ class NativeEpoch:
         # The window bounds the planned batches in flight (the one-by-one path bounds its own, in _submit_ahead);
         # in both, a consumer that has to wait sleeps until half of it is ready.
         self._reader.set_window(settings.prefetch, min(settings.prefetch, FIRST_WINDOW))
+        self._reader.prefault_while_waiting = settings.prefault_while_waiting
         self._views: FieldViews | None = None
         self._split = False
         if self._allocator is not None:
@@ -342,6 +346,7 @@ class NativeEpoch:
         stats["wall_s"] = self._wall_s()
         stats["ready_batches"] = self._reader.ready
         stats["num_threads"] = self._reader.num_threads
+        stats["prefaulted_bytes"] = self._reader.prefaulted_bytes
         return stats
 
     def reset_stats(self) -> None:
