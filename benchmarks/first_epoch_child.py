@@ -15,7 +15,9 @@ import resource
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 
 def context_switches() -> int | None:
@@ -30,27 +32,25 @@ def context_switches() -> int | None:
     return None
 
 
-def main() -> None:
-    path, threads, prefetch, epochs = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-    started = time.perf_counter()
-    import fastload  # the import is part of what a fresh process pays, reported apart
+def measure_epochs(epochs: int, batches_of: Callable[[int], Iterable[Any]],
+                   size_of: Callable[[Any], int]) -> list[dict]:
+    """Iterate ``batches_of(epoch)`` for each epoch and return its row: rates, first batch, faults, consumer CPU.
 
-    imported = time.perf_counter() - started
-    loader = fastload.ShardLoader(path, batch_size=256, shuffle=True, seed=0, num_threads=threads, backend="native",
-                                  prefetch=prefetch if prefetch == "auto" else int(prefetch))
+    ``size_of(batch)`` is the batch's sample count. Shared with the peers' children (``peer_ffcv.py``), so each
+    loader is timed by the same loop.
+    """
     rows = []
     for epoch in range(epochs):
-        loader.set_epoch(epoch)
         before = resource.getrusage(resource.RUSAGE_SELF)
         switches0 = context_switches()
         cpu0 = time.thread_time()
         start = time.perf_counter()
         first = None
         samples = batches = 0
-        for batch in loader:
+        for batch in batches_of(epoch):
             if first is None:
                 first = time.perf_counter() - start
-            samples += len(batch["label"])
+            samples += size_of(batch)
             batches += 1
         seconds = time.perf_counter() - start
         cpu = time.thread_time() - cpu0
@@ -63,8 +63,29 @@ def main() -> None:
                      "consumer_blocks_per_batch": None if switches0 is None or switches1 is None
                      else (switches1 - switches0) / max(batches, 1),
                      "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)})
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
-    print(json.dumps({"import_s": imported, "peak_rss_mb": peak_rss_mb, "epochs": rows}))
+    return rows
+
+
+def peak_rss_mb() -> float:
+    """Return this process's peak resident memory in MB (getrusage: kilobytes on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    path, threads, prefetch, epochs = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    started = time.perf_counter()
+    import fastload  # the import is part of what a fresh process pays, reported apart
+
+    imported = time.perf_counter() - started
+    loader = fastload.ShardLoader(path, batch_size=256, shuffle=True, seed=0, num_threads=threads, backend="native",
+                                  prefetch=prefetch if prefetch == "auto" else int(prefetch))
+
+    def batches_of(epoch: int) -> Any:
+        loader.set_epoch(epoch)
+        return loader
+
+    rows = measure_epochs(epochs, batches_of, lambda batch: len(batch["label"]))
+    print(json.dumps({"import_s": imported, "peak_rss_mb": peak_rss_mb(), "epochs": rows}))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ the ratio.
 
 ``test_first_epoch_cold`` drops the page cache first (root on Linux; skipped, saying why, elsewhere)
 and sets the first epoch's MB/s against the disk's sequential read of the same files, also read cold.
+
+``test_first_epoch_beside_ffcv`` runs FFCV (an optional peer: benchmarks/peer_ffcv.py, skipped where it is
+not installed) on the same samples, its fresh processes alternating with fastload's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import peer_ffcv
 import pytest
 from conftest import DATASETS
 from datasets import QUICK, ensure
@@ -74,6 +78,66 @@ def test_first_epoch(benchmark, ds, threads):
     info["mb_per_s"] = info["samples_per_s"] * ds.sample_bytes / 1e6
     benchmark.extra_info.update(info)
     assert all(f["samples"] == ds.count for f in firsts)
+
+
+FFCV_CASES = [ds for ds in CASES if ds.name in ("small-raw", "tiles-raw")]
+
+
+def rate_after_first_batch(epoch: dict) -> float:
+    """Return an epoch's samples/s counted from its first batch on (the start-up apart)."""
+    return (epoch["samples"] - 256) / (epoch["seconds"] - epoch["first_batch_s"])
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("ds", FFCV_CASES, ids=lambda d: d.name)
+def test_first_epoch_beside_ffcv(benchmark, ds, threads):
+    """Run fastload and FFCV (an optional peer, benchmarks/peer_ffcv.py) in alternating fresh processes.
+
+    The same samples, both raw, page cache warm, random order, batch 256, ``threads`` reader threads
+    (FFCV's num_workers).
+    Recorded: each one's first epoch, steady state (median of epochs 2 to 4), first batch, and fastload's
+    over FFCV's for each; also both first epochs counted from the first batch on (FFCV compiles its
+    pipeline with numba before its first batch).
+    """
+    if not peer_ffcv.available():
+        pytest.skip("ffcv is not installed (an optional peer: see benchmarks/peer_ffcv.py)")
+    path = ensure(ds)
+    beton = peer_ffcv.converted(path)
+    for p in [*path.iterdir(), beton]:  # page cache warm for both
+        p.read_bytes()
+    ours: list[dict] = []
+    theirs: list[dict] = []
+
+    def side_by_side() -> None:
+        for _ in range(PROCESSES):
+            ours.append(run_child(path, threads))
+            theirs.append(peer_ffcv.run_child(beton, int(threads), EPOCHS))
+
+    benchmark.group = f"first-epoch-ffcv-{ds.name}"
+    benchmark.pedantic(side_by_side, rounds=1, warmup_rounds=0)
+    ours_first = [r["epochs"][0] for r in ours]
+    info: dict[str, float | str] = {  # the common figures: fastload's first epoch
+        "threads": threads,
+        "samples_per_s": statistics.median(f["samples_per_s"] for f in ours_first),
+        "first_batch_s": statistics.median(f["first_batch_s"] for f in ours_first),
+        "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in ours),
+        "cpu_s": statistics.median(f["cpu_s"] for f in ours_first),
+        "ffcv_peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in theirs),
+        "ffcv_import_s": statistics.median(r["import_s"] for r in theirs),
+    }
+    info["mb_per_s"] = info["samples_per_s"] * ds.sample_bytes / 1e6  # type: ignore[operator]
+    for name, runs in (("fastload", ours), ("ffcv", theirs)):
+        firsts = [r["epochs"][0] for r in runs]
+        assert all(f["samples"] == ds.count for f in firsts), name
+        info[f"{name}_first_samples_per_s"] = statistics.median(f["samples_per_s"] for f in firsts)
+        info[f"{name}_first_after_first_batch_samples_per_s"] = statistics.median(map(rate_after_first_batch, firsts))
+        info[f"{name}_steady_samples_per_s"] = statistics.median(
+            statistics.median(e["samples_per_s"] for e in r["epochs"][1:]) for r in runs)
+        info[f"{name}_first_batch_s"] = statistics.median(f["first_batch_s"] for f in firsts)
+    for figure in ("first_samples_per_s", "first_after_first_batch_samples_per_s", "steady_samples_per_s"):
+        info[f"{figure.removesuffix('_samples_per_s')}_fastload_over_ffcv"] = \
+            info[f"fastload_{figure}"] / info[f"ffcv_{figure}"]  # type: ignore[operator]
+    benchmark.extra_info.update(info)
 
 
 def _median_or_none(values) -> float | None:
