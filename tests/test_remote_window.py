@@ -45,15 +45,19 @@ def shard_bytes(local: Path) -> tuple[int, int]:
 
 
 class CacheWatch:
-    """Sample the cache's bytes (every file, .part files at their reserved size) in a thread; keep the peak."""
+    """Sample the cache's bytes (every file, .part files at their reserved size) in a thread; keep the peak.
+
+    ``peak_files`` is what made up the peak (name and size of each file): an assertion names them.
+    """
 
     def __init__(self, cache: Path) -> None:
         self.cache, self.peak, self._stop = cache, 0, threading.Event()
+        self.peak_files: list[tuple[str, int]] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def size(self) -> int:
-        sizes = {}  # by inode: a file renamed while the directory is listed is seen under both names
+    def size(self) -> tuple[int, list[tuple[str, int]]]:
+        sizes, files = {}, []  # by inode: a file renamed while the directory is listed is seen under both names
         for p in self.cache.rglob("*"):
             try:
                 st = p.stat()
@@ -61,17 +65,28 @@ class CacheWatch:
                 continue
             if p.is_file():
                 sizes[(st.st_dev, st.st_ino)] = st.st_size
-        return sum(sizes.values())
+                files.append((str(p.relative_to(self.cache)), st.st_size))
+        return sum(sizes.values()), files
+
+    def _sample(self) -> None:
+        total, files = self.size()
+        if total > self.peak:
+            self.peak, self.peak_files = total, files
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.size())
+            self._sample()
             time.sleep(0.002)
 
     def stop(self) -> int:
         self._stop.set()
         self._thread.join()
-        return max(self.peak, self.size())
+        self._sample()
+        return self.peak
+
+    def over(self, limit: int) -> tuple:
+        """Return what to show when the peak passed ``limit``: the figures and the files at the peak."""
+        return self.peak, limit, [f for f in self.peak_files if f[1] > 0]
 
 
 @pytest.mark.parametrize(("order", "reading"), [({"shuffle": True, "shuffle_window": 1}, {"num_threads": 1}),
@@ -99,7 +114,7 @@ def test_a_dataset_larger_than_its_cache_gives_the_local_batches_within_the_limi
         expected.set_epoch(epoch)
         assert same(batches(loader), batches(expected)), epoch
     peak = watch.stop()
-    assert peak <= limit, (peak, limit)
+    assert peak <= limit, watch.over(limit)
     assert not list(cache.rglob("*.part-*"))
 
 
@@ -186,7 +201,7 @@ def test_two_processes_share_a_windowed_cache_and_never_evict_what_the_other_rea
                 h.update(b["image"].numpy().tobytes())
                 h.update(b["label"].numpy().tobytes())
         assert out.strip() == h.hexdigest(), rank
-    assert peak <= limit, (peak, limit)
+    assert peak <= limit, watch.over(limit)
 
 
 def test_a_windowed_dataset_in_forked_dataloader_workers_reads_every_sample_within_the_limit(big, s3, tmp_path):  # noqa: F811
@@ -204,7 +219,7 @@ def test_a_windowed_dataset_in_forked_dataloader_workers_reads_every_sample_with
     labels = torch.cat([b["label"] for b in loader])
     peak = watch.stop()
     assert labels.tolist() == list(np.arange(800) % 10)
-    assert peak <= limit, (peak, limit)
+    assert peak <= limit, watch.over(limit)
 
 
 def test_a_windowed_dataset_in_a_concat_with_a_local_one_gives_the_local_batches(big, s3, tmp_path):  # noqa: F811
@@ -275,7 +290,7 @@ def test_a_killed_reader_leaves_nothing_the_next_one_trusts_or_counts_for_long(b
     expected = fastload.ShardLoader(str(local), batch_size=16, shuffle=True, shuffle_window=2, seed=2)
     assert same(batches(loader), batches(expected))
     # the .part made here without room for it may put the cache a shard over until its room is needed
-    assert watch.stop() <= limit + largest
+    assert watch.stop() <= limit + largest, watch.over(limit + largest)
     assert not stale.exists()
 
 
@@ -321,7 +336,7 @@ def test_a_windowed_dataset_in_a_concat_of_other_layouts_reads_its_share_of_each
     started = time.monotonic()
     assert same(batches(got), batches(expected))
     assert time.monotonic() - started < 30  # no wait for room that never comes
-    assert watch.stop() <= 4 * largest + 8192
+    assert watch.stop() <= 4 * largest + 8192, watch.over(4 * largest + 8192)
 
 
 def test_a_windowed_dataset_indexed_after_a_pass_makes_room_by_recent_use(big, s3, tmp_path):  # noqa: F811
