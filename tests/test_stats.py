@@ -64,7 +64,9 @@ def test_a_waiting_consumer_faults_fresh_batch_buffers_in_where_a_core_is_idle(z
     loader = ShardLoader(zstd_tiles, batch_size=8, num_threads=1, shuffle=False)
     first = [b["image"].clone() for b in loader]
     slot_bytes = 8 * (3 * 64 * 64 + 8)
-    assert loader.stats()["prefaulted_bytes"] >= 4 * slot_bytes  # the first two slots, then the rest of the window
+    s = loader.stats()
+    assert s["prefaulted_bytes"] >= 4 * slot_bytes  # the first two slots, then the rest of the window
+    assert s["wait_s"] >= s["prefault_s"] > 0  # time spent waiting for data, as the wait itself
     second = [b["image"].clone() for b in loader]  # the pool's slots again: nothing fresh to fault in
     assert loader.stats()["prefaulted_bytes"] == 0
     assert len(first) == len(second) == 8 and all(a.equal(b) for a, b in zip(first, second))

@@ -251,7 +251,8 @@ class PyBatchReader {
     bool supported = true;
     {
       const GilRelease release;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kSignalPollMs);
+      const auto start = std::chrono::steady_clock::now();
+      const auto until = start + std::chrono::milliseconds(kSignalPollMs);
       size_t i = unfaulted_.size();  // the newest buffer first: the workers are least likely to be there yet
       while (i > 0 && supported && !r.next_ready() && std::chrono::steady_clock::now() < until) {
         FreshSlots& region = unfaulted_[i - 1];
@@ -265,6 +266,8 @@ class PyBatchReader {
         region.size -= step;
         prefaulted_bytes_ += step;
       }
+      prefault_ns_ += static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
     }
     if (!supported) {  // this system cannot: no more tries (their owners go with the GIL, as below)
       prefaulted_bytes_ = 0;
@@ -325,8 +328,14 @@ class PyBatchReader {
     return arrays;
   }
 
-  // Bytes of fresh batch buffers this reader's consumer faulted in while it waited for batches.
+  // Bytes of fresh batch buffers this reader's consumer faulted in while it waited for batches, and the
+  // time that took (time waiting for data too: stats() adds it to wait_s).
   size_t prefaulted_bytes() const { return prefaulted_bytes_; }
+  double prefault_s() const { return static_cast<double>(prefault_ns_) * 1e-9; }
+  void reset_prefault_stats() {
+    prefaulted_bytes_ = 0;
+    prefault_ns_ = 0;
+  }
   // Whether the consumer faults fresh batch buffers in while it waits (policy: the Python side turns it
   // on where a core would otherwise be idle). Off by default.
   bool prefault() const { return prefault_; }
@@ -365,6 +374,7 @@ class PyBatchReader {
   std::unique_ptr<BatchReader> reader_;
   std::vector<FreshSlots> unfaulted_;  // fresh slots whose pages this thread faults in while it waits
   size_t prefaulted_bytes_ = 0;        // how much of them it did (0 where the system cannot)
+  uint64_t prefault_ns_ = 0;           // and for how long
   bool prefault_ = false;              // whether it does (set_prefault)
   pid_t owner_pid_ = ::getpid();
   std::atomic<bool> busy_{false};
@@ -441,8 +451,17 @@ void register_reader(py::module_& m) {
       .def("next", &PyBatchReader::next)
       .def("next_count", &PyBatchReader::next_count)
       .def("close", &PyBatchReader::close)
-      .def("stats", [](PyBatchReader& r) { return stats_dict(r.reader().stats()); })
-      .def("reset_stats", [](PyBatchReader& r) { r.reader().reset_stats(); });
+      .def("stats",
+           [](PyBatchReader& r) {
+             py::dict d = stats_dict(r.reader().stats());
+             d["prefault_s"] = r.prefault_s();  // the consumer waited for data meanwhile: part of wait_s
+             d["wait_s"] = d["wait_s"].cast<double>() + r.prefault_s();
+             return d;
+           })
+      .def("reset_stats", [](PyBatchReader& r) {
+        r.reader().reset_stats();
+        r.reset_prefault_stats();
+      });
 
   // Test seams: not API (the leading underscore keeps them out of _native.pyi). tests/seams.py uses them.
   py::module_ testing = m.def_submodule("_testing", "Test seams of the native core; not part of fastload's API.");

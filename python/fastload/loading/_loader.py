@@ -463,8 +463,9 @@ class ShardLoader:
         Keys: batches, samples, wait_s (time the consumer waited for data),
         wall_s, wait_share, and for the native backend bytes_read,
         bytes_decoded, read_s, decompress_s, copy_s (summed over threads),
-        ready_batches, prefaulted_bytes (fresh batch buffers the consumer's
-        thread faulted in while it waited, a first epoch's); with ``device=`` also h2d_s (device time of the
+        ready_batches, prefaulted_bytes and prefault_s (fresh batch buffers the
+        consumer's thread faulted in while it waited, a first epoch's, and the
+        time that took, counted in wait_s too); with ``device=`` also h2d_s (device time of the
         host-to-device copies), h2d_bytes and copy_wait_s (time the consumer
         blocked on a copy); plus ``bottleneck``: "consumer" when the loop
         rarely waits, "h2d" when most of the waiting was on copies, else the
