@@ -107,7 +107,8 @@ def reserve_room(version: Path, shards: Sequence[ShardInfo], index: int, part: P
                 with lock:
                     (version / shards[j].file).unlink(missing_ok=True)
                 evicted.append(j)
-                used -= shards[j].bytes
+                if j not in parts:  # a .part of it (another download's) still holds its bytes
+                    used -= shards[j].bytes
             if used + need > window:
                 return None
         with open(part, "wb") as f:
