@@ -423,7 +423,6 @@ void register_reader(py::module_& m) {
       .def_property_readonly("pool", [](PyBatchReader& r) { return r.reader().pool(); })
       .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })
       .def_property_readonly("total_slots", [](PyBatchReader& r) { return r.reader().pool()->total_count(); })
-      .def_property_readonly("prefaulted_bytes", &PyBatchReader::prefaulted_bytes)
       .def_property("prefault_while_waiting", &PyBatchReader::prefault, &PyBatchReader::set_prefault)
       .def_property_readonly("pending", [](PyBatchReader& r) { return r.reader().pending(); })
       .def_property_readonly("ready", [](PyBatchReader& r) { return r.reader().ready(); })
@@ -454,6 +453,7 @@ void register_reader(py::module_& m) {
       .def("stats",
            [](PyBatchReader& r) {
              py::dict d = stats_dict(r.reader().stats());
+             d["prefaulted_bytes"] = r.prefaulted_bytes();
              d["prefault_s"] = r.prefault_s();  // the consumer waited for data meanwhile: part of wait_s
              d["wait_s"] = d["wait_s"].cast<double>() + r.prefault_s();
              return d;

@@ -114,8 +114,6 @@ class BatchReader:
     @property
     def total_slots(self) -> int: ...
     @property
-    def prefaulted_bytes(self) -> int: ...  # fresh batch buffers faulted in by the consumer while it waited
-    @property
     def prefault_while_waiting(self) -> bool: ...  # whether the consumer does so (off by default: the loader's policy)
     @prefault_while_waiting.setter
     def prefault_while_waiting(self, on: bool) -> None: ...

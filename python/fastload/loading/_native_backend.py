@@ -346,7 +346,6 @@ class NativeEpoch:
         stats["wall_s"] = self._wall_s()
         stats["ready_batches"] = self._reader.ready
         stats["num_threads"] = self._reader.num_threads
-        stats["prefaulted_bytes"] = self._reader.prefaulted_bytes
         return stats
 
     def reset_stats(self) -> None:
