@@ -1,6 +1,8 @@
 """One configuration in a fresh process: epochs 1 to N of a ShardLoader, as JSON on stdout.
 
-Run by benchmarks/test_first_epoch.py (``python first_epoch_child.py PATH THREADS PREFETCH EPOCHS``).
+Run by benchmarks/test_first_epoch.py (``python first_epoch_child.py PATH THREADS PREFETCH EPOCHS [SETUP_S
+[WARM_UP]]``: SETUP_S seconds of sleep between building the loader and its first epoch, where a training script
+builds its model (default 0); WARM_UP 0 builds it with ``warm_up=False``).
 For each epoch: samples/s, time to the first batch, minor and major page faults of the process
 (getrusage), and the consuming thread's CPU time per batch (``time.thread_time``: the Python work
 the user's loop pays for each batch, not the reader threads'), how often that thread blocked per batch
@@ -73,19 +75,23 @@ def peak_rss_mb() -> float:
 
 def main() -> None:
     path, threads, prefetch, epochs = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    setup_s = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+    warm_up = sys.argv[6] != "0" if len(sys.argv) > 6 else True
     started = time.perf_counter()
     import fastload  # the import is part of what a fresh process pays, reported apart
 
     imported = time.perf_counter() - started
     loader = fastload.ShardLoader(path, batch_size=256, shuffle=True, seed=0, num_threads=threads, backend="native",
-                                  prefetch=prefetch if prefetch == "auto" else int(prefetch))
+                                  prefetch=prefetch if prefetch == "auto" else int(prefetch), warm_up=warm_up)
+    time.sleep(setup_s)  # the model, optimizer and process group a training script builds meanwhile
 
     def batches_of(epoch: int) -> Any:
         loader.set_epoch(epoch)
         return loader
 
     rows = measure_epochs(epochs, batches_of, lambda batch: len(batch["label"]))
-    print(json.dumps({"import_s": imported, "peak_rss_mb": peak_rss_mb(), "epochs": rows}))
+    print(json.dumps({"import_s": imported, "peak_rss_mb": peak_rss_mb(), "epochs": rows,
+                      "warm_up_s": loader.stats().get("warm_up_s")}))
 
 
 if __name__ == "__main__":

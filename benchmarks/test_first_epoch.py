@@ -6,7 +6,10 @@ epoch's samples/s, the steady state (the median of epochs 2 to 4), their ratio (
 the time to the first batch (goal on small records: at most 0.05 s), minor and major page faults of
 the first epoch and of a steady one, and the consuming thread's CPU per batch (goal: at most 15 us at
 batch 256). The median of 3 fresh processes is kept for each figure, with the spread (min, max) of
-the ratio.
+the ratio. Each configuration runs twice: iterating as soon as the loader is built (``setup_s`` 0),
+and after 0.5 s of sleep in its place (``setup_s`` 0.5), the time a training script spends building
+its model, in which the loader's warm-up (``warm_up=True``) faults in its batch buffers and maps the
+cached shard pages.
 
 ``test_first_epoch_cold`` drops the page cache first (root on Linux; skipped, saying why, elsewhere)
 and sets the first epoch's MB/s against the disk's sequential read of the same files, also read cold.
@@ -33,27 +36,29 @@ from datasets import QUICK, ensure
 CHILD = Path(__file__).with_name("first_epoch_child.py")
 CASES = [ds for ds in DATASETS if ds.name in ("small-raw", "small-zstd", "tiles-raw", "tiles-zstd")]
 THREADS = ["1", "2", "auto"]
+SETUPS = ["0", "0.5"]  # seconds between building the loader and iterating it (a model built meanwhile)
 PROCESSES = 1 if QUICK else 3
 EPOCHS = 2 if QUICK else 4
 
 
-def run_child(path: Path, threads: str, prefetch: str = "auto") -> dict:
+def run_child(path: Path, threads: str, prefetch: str = "auto", setup_s: str = "0") -> dict:
     threads_arg = "2" if threads == "auto" else threads  # num_threads="auto" is the CPU count: 2 here
-    done = subprocess.run([sys.executable, str(CHILD), str(path), threads_arg, prefetch, str(EPOCHS)],
+    done = subprocess.run([sys.executable, str(CHILD), str(path), threads_arg, prefetch, str(EPOCHS), setup_s],
                           capture_output=True, text=True, timeout=600, check=True)
     return json.loads(done.stdout)
 
 
+@pytest.mark.parametrize("setup_s", SETUPS)
 @pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize("ds", CASES, ids=lambda d: d.name)
-def test_first_epoch(benchmark, ds, threads):
+def test_first_epoch(benchmark, ds, threads, setup_s):
     path = ensure(ds)
     for p in path.iterdir():  # page cache warm: read once by another process than the measured one
         p.read_bytes()
     runs: list[dict] = []
     benchmark.group = f"first-epoch-{ds.name}"
-    benchmark.pedantic(lambda: runs.extend(run_child(path, threads) for _ in range(PROCESSES)), rounds=1,
-                       warmup_rounds=0)
+    benchmark.pedantic(lambda: runs.extend(run_child(path, threads, setup_s=setup_s) for _ in range(PROCESSES)),
+                       rounds=1, warmup_rounds=0)
     firsts = [r["epochs"][0] for r in runs]
     steady = [statistics.median(e["samples_per_s"] for e in r["epochs"][1:]) for r in runs]
     ratios = [f["samples_per_s"] / s for f, s in zip(firsts, steady)]
@@ -74,6 +79,9 @@ def test_first_epoch(benchmark, ds, threads):
         "cpu_s": statistics.median(f["cpu_s"] for f in firsts),  # the whole child process, first epoch
         "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs),
         "threads": threads,
+        "setup_s": float(setup_s),
+        # How long the warm-up ran before the first pass stopped it (None: it did not run).
+        "warm_up_s": _median_or_none(r["warm_up_s"] for r in runs),
     }
     info["mb_per_s"] = info["samples_per_s"] * ds.sample_bytes / 1e6
     benchmark.extra_info.update(info)

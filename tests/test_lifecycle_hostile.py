@@ -108,6 +108,8 @@ def test_interpreter_exit_while_a_daemon_thread_waits_in_next(small_dataset, run
 def test_interpreter_exit_with_a_live_iterator_in_a_global(small_dataset, taken, delay_us, ending):
     proc = run_script(f"""
         loader = fastload.ShardLoader(PATH, batch_size=4, backend="native", num_threads=2, prefetch=4)
+        while not loader._warm_up.stats()["done"]:  # its thread ends (left for the exit to join): not counted
+            time.sleep(0.001)
         install_slow_reads({delay_us})
         it = iter(loader)
         before = len(os.listdir("/proc/self/task"))

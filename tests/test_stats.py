@@ -61,7 +61,8 @@ def test_a_waiting_consumer_faults_fresh_batch_buffers_in_where_a_core_is_idle(z
 
     slow_reads(2000)  # the batches are never ready when asked for: the consumer has time to fault every slot in
     monkeypatch.setattr(_loader, "usable_cores", lambda: 4)  # 1 thread on 4 cores: the consumer's core is idle
-    loader = ShardLoader(zstd_tiles, batch_size=8, num_threads=1, shuffle=False)
+    # No warm-up: its thread would fault some of the same slots in first (tests/test_warm_up.py: the two together)
+    loader = ShardLoader(zstd_tiles, batch_size=8, num_threads=1, shuffle=False, warm_up=False)
     first = [b["image"].clone() for b in loader]
     slot_bytes = 8 * (3 * 64 * 64 + 8)
     s = loader.stats()

@@ -7,6 +7,7 @@
 //   codecs.cpp      record and payload decoding (decode_record, the floors)
 //   shards.cpp      shard files: ShardSet, ShardRecords, validate_shard
 //   reader.cpp      the batch worker pool: BatchReader, SlotPool, SlotLease
+//   warmer.cpp      the Warmer: a loader's first memory touched in the background
 //   transforms.cpp  transform steps as Python describes them -> a TransformPipeline
 // Rules every file follows (the GIL, interpreter exit, fork): module.cpp.
 #pragma once
@@ -52,5 +53,6 @@ void register_order(py::module_& m);
 void register_codecs(py::module_& m);
 void register_shards(py::module_& m);
 void register_reader(py::module_& m);
+void register_warmer(py::module_& m);
 
 }  // namespace fastload::bindings

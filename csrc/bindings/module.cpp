@@ -53,4 +53,5 @@ PYBIND11_MODULE(_native, m) {
   bindings::register_codecs(m);
   bindings::register_shards(m);
   bindings::register_reader(m);
+  bindings::register_warmer(m);
 }

@@ -298,6 +298,26 @@ class PyBatchReader {
     return FreshSlots{data, total, owner};
   }
 
+  // Adds fresh slots until the pool holds `count` (in one buffer, as a wait adds them) and returns their memory
+  // as one uint8 array viewing that buffer, for a Warmer to fault in before the first pass; None when the pool
+  // holds that many already.
+  py::object reserve_slots(size_t count) {
+    BatchReader& r = reader();
+    const ConsumerGuard guard(busy_, "reserve_slots");
+    const size_t have = r.pool()->total_count();
+    if (have >= count) return py::none();
+    const FreshSlots fresh = add_slots(r, count - have);
+    return py::array_t<uint8_t>({static_cast<py::ssize_t>(fresh.size)}, {py::ssize_t{1}}, fresh.data, fresh.owner->obj);
+  }
+
+  // Memory of slots already in the pool (reserve_slots') that a warm-up did not fault in: with
+  // prefault_while_waiting on, this thread faults it in while it waits, as the slots a wait adds.
+  void prefault_later(const py::array_t<uint8_t, py::array::c_style>& region) {
+    if (!prefault_ || region.size() == 0) return;
+    uint8_t* data = const_cast<uint8_t*>(region.data());  // NOLINT: the pool's writable batch memory
+    unfaulted_.push_back(FreshSlots{data, static_cast<size_t>(region.size()), std::make_shared<GilObject>(region)});
+  }
+
   // The oldest batch's sample count, its slot released: for callers that view
   // the (single-use) slot memory they added themselves.
   size_t next_count() { return wait().count; }
@@ -423,6 +443,10 @@ void register_reader(py::module_& m) {
       .def_property_readonly("pool", [](PyBatchReader& r) { return r.reader().pool(); })
       .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })
       .def_property_readonly("total_slots", [](PyBatchReader& r) { return r.reader().pool()->total_count(); })
+      .def("reserve_slots", &PyBatchReader::reserve_slots, py::arg("count"),
+           "Add fresh batch buffers until the pool holds `count`; return their memory (uint8 array) or None.")
+      .def("prefault_later", &PyBatchReader::prefault_later, py::arg("region"),
+           "With prefault_while_waiting on: fault `region` (pooled slots' memory) in while waiting.")
       .def_property("prefault_while_waiting", &PyBatchReader::prefault, &PyBatchReader::set_prefault)
       .def_property_readonly("pending", [](PyBatchReader& r) { return r.reader().pending(); })
       .def_property_readonly("ready", [](PyBatchReader& r) { return r.reader().ready(); })

@@ -8,6 +8,8 @@
 //   - physical_memory_bytes: the machine's RAM, the bound a batch slot must fit;
 //   - advise_huge_pages: huge pages for batch buffers, where the system has them;
 //   - prefault_for_writing: a fresh buffer's pages faulted in ahead of its first use;
+//   - map_cached_pages: page-table entries for the pages of a file mapping that
+//     the page cache already holds, without reading any other;
 //   - prefetch_for_read: the compiler's cache prefetch hint (GCC/Clang
 //     builtin, MSVC intrinsic), or nothing;
 //   - utf8_to_wide (Windows only): paths arrive as UTF-8 from Python and are
@@ -56,6 +58,16 @@ void advise_huge_pages(void* data, size_t size) noexcept;
 // where the system has no such call (elsewhere, an older kernel), so that the
 // caller stops asking; other refusals are ignored. Never throws.
 bool prefault_for_writing(void* data, size_t size) noexcept;
+
+// Maps the pages of the read-only file mapping [data, data + size) that the
+// page cache holds already (Linux: mincore, then madvise MADV_POPULATE_READ
+// over each run of them, Linux 5.14+), so that reading them later takes no
+// page fault; pages not cached are left alone (nothing is read from disk).
+// Adds the bytes mapped to *mapped. Returns false where the system has no
+// such call (elsewhere, an older kernel), so that the caller stops asking;
+// other refusals (a file truncated under the mapping: EFAULT) are ignored.
+// Never throws, never faults.
+bool map_cached_pages(const void* data, size_t size, size_t* mapped) noexcept;
 
 // Names the calling thread (Linux: at most 15 bytes are kept; Windows 10+:
 // SetThreadDescription when the system has it). Best effort, never throws.

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -164,6 +165,27 @@ void advise_huge_pages(void* data, size_t size) noexcept {
 #endif
 }
 
+#if defined(__linux__)
+namespace {
+
+struct WholePages {
+  uintptr_t first;  // the first whole page's address
+  uintptr_t last;   // the end of the last whole page (<= first: there is none)
+  uintptr_t page;   // the page size
+};
+
+// The whole pages inside [data, data + size).
+WholePages whole_pages(const void* data, size_t size) noexcept {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  if (page == 0 || size < page) return {0, 0, page};
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  // No overflow: [data, data + size) is memory.
+  return {(begin + page - 1) / page * page, (begin + size) / page * page, page};
+}
+
+}  // namespace
+#endif
+
 bool prefault_for_writing(void* data, size_t size) noexcept {
 #if defined(__linux__)
 #ifdef MADV_POPULATE_WRITE
@@ -171,17 +193,51 @@ bool prefault_for_writing(void* data, size_t size) noexcept {
 #else
   constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE (Linux 5.14), absent from older headers
 #endif
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(data);
-  if (page == 0 || size < page) return true;
-  const uintptr_t first = (begin + page - 1) / page * page;  // no overflow: [data, data + size) is memory
-  const uintptr_t last = (begin + size) / page * page;
+  const auto [first, last, page] = whole_pages(data, size);
   if (last <= first) return true;
   // EINVAL: a kernel without it (or a sandbox such as gVisor). Anything else (ENOMEM, EINTR) is ignored.
   return ::madvise(reinterpret_cast<void*>(first), last - first, kPopulateWrite) == 0 || errno != EINVAL;
 #else
   static_cast<void>(data);
   static_cast<void>(size);
+  return false;
+#endif
+}
+
+bool map_cached_pages(const void* data, size_t size, size_t* mapped) noexcept {
+#if defined(__linux__)
+#ifdef MADV_POPULATE_READ
+  constexpr int kPopulateRead = MADV_POPULATE_READ;
+#else
+  constexpr int kPopulateRead = 22;  // MADV_POPULATE_READ (Linux 5.14), absent from older headers
+#endif
+  const auto [first, last, page] = whole_pages(data, size);
+  unsigned char cached[512];  // mincore's answer, a byte per page (bit 0: cached), 512 pages a call
+  for (uintptr_t at = first; at < last;) {
+    const uintptr_t pages = std::min<uintptr_t>((last - at) / page, sizeof(cached));
+    if (::mincore(reinterpret_cast<void*>(at), pages * page, cached) != 0) return errno != ENOSYS;
+    for (uintptr_t i = 0; i < pages;) {
+      if ((cached[i] & 1) == 0) {
+        ++i;
+        continue;
+      }
+      uintptr_t j = i;
+      while (j < pages && (cached[j] & 1) != 0) ++j;
+      const uintptr_t run = (j - i) * page;
+      if (::madvise(reinterpret_cast<void*>(at + i * page), run, kPopulateRead) == 0) {
+        *mapped += run;
+      } else if (errno == EINVAL) {
+        return false;  // a kernel without it (or a sandbox such as gVisor)
+      }
+      i = j;
+    }
+    at += pages * page;
+  }
+  return true;
+#else
+  static_cast<void>(data);
+  static_cast<void>(size);
+  static_cast<void>(mapped);
   return false;
 #endif
 }

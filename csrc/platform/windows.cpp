@@ -111,6 +111,14 @@ bool prefault_for_writing(void* data, size_t size) noexcept {
   return false;
 }
 
+bool map_cached_pages(const void* data, size_t size, size_t* mapped) noexcept {
+  // Nothing here: Windows says which pages are resident only per working set, and PrefetchVirtualMemory reads.
+  static_cast<void>(data);
+  static_cast<void>(size);
+  static_cast<void>(mapped);
+  return false;
+}
+
 void name_this_thread(const std::string& name) noexcept {
   // SetThreadDescription exists from Windows 10 1607: looked up, not linked.
   using SetDescription = HRESULT(WINAPI*)(HANDLE, PCWSTR);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #if defined(__linux__)
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include "checked_math.h"
 #include "errors.h"
 #include "format/record_decoder.h"
+#include "platform/file_mapping.h"
 #include "platform/platform.h"
 #include "reader/batch_reader.h"
 #include "reader/permutation.h"
@@ -475,8 +477,67 @@ void test_prefault_for_writing() {
 #endif
 }
 
+void test_map_cached_pages() {
+  const std::string path = "core_tests_map_cached_pages.bin";
+  const size_t size = (size_t{8} << 20) + 12345;
+  {
+    std::vector<uint8_t> data(size);
+    for (size_t i = 0; i < size; ++i) data[i] = static_cast<uint8_t>(i * 5 + 2);
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    CHECK(f != nullptr);
+    if (f == nullptr) return;
+    CHECK(std::fwrite(data.data(), 1, size, f) == size);
+    std::fclose(f);  // just written: in the page cache
+  }
+  {
+    const FileMapping mapping(path);
+    size_t mapped = 0;
+    const bool supported = map_cached_pages(mapping.data(), static_cast<size_t>(mapping.size()), &mapped);
+    size_t none = 0;
+    static_cast<void>(map_cached_pages(mapping.data(), 100, &none));
+    CHECK(none == 0);  // under a page: nothing to map
+#if defined(__linux__)
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    if (!supported) {
+      std::printf("core_tests: this kernel has no MADV_POPULATE_READ: map_cached_pages is not checked\n");
+    } else {
+      CHECK(mapped > size / 2 && mapped <= size / page * page);  // the whole pages the cache holds: all, here
+      // Which pages have a page-table entry: /proc/self/pagemap's "present" bit (bit 63), which any process may
+      // read for itself. Counting faults instead would count ASan's shadow memory and depend on folio sizes.
+      const auto present_pages = [&](const FileMapping& m) -> long {
+        const int fd = ::open("/proc/self/pagemap", O_RDONLY);
+        if (fd < 0) return -1;
+        const auto first = reinterpret_cast<uintptr_t>(m.data()) / page;
+        const size_t pages = size / page;
+        std::vector<uint64_t> entries(pages);
+        const auto bytes = static_cast<ssize_t>(pages * sizeof(uint64_t));
+        const bool read_all = ::pread(fd, entries.data(), static_cast<size_t>(bytes),
+                                      static_cast<off_t>(first * sizeof(uint64_t))) == bytes;
+        ::close(fd);
+        if (!read_all) return -1;
+        return static_cast<long>(std::count_if(entries.begin(), entries.end(), [](uint64_t e) { return e >> 63; }));
+      };
+      const FileMapping control(path);
+      const long in_control = present_pages(control);
+      const long in_mapping = present_pages(mapping);
+      if (in_control < 0 || in_mapping < 0) {
+        std::printf("core_tests: /proc/self/pagemap cannot be read: map_cached_pages's page tables not checked\n");
+      } else {
+        CHECK(in_control == 0);                                          // nothing read through it yet
+        CHECK(static_cast<size_t>(in_mapping) * page == mapped);         // every page it says it mapped
+      }
+    }
+#else
+    CHECK(!supported && mapped == 0);
+#endif
+    for (size_t i = 0; i < size; i += 4099) CHECK(mapping.data()[i] == static_cast<uint8_t>(i * 5 + 2));
+  }
+  std::remove(path.c_str());
+}
+
 int main() {
   test_prefault_for_writing();
+  test_map_cached_pages();
   test_slot_pool();
   check_portable_math<uint8_t>();
   check_portable_math<uint16_t>();

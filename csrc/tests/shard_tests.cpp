@@ -13,6 +13,10 @@
 //
 // Usage: shard_tests DIR, where DIR holds dataset/, order.txt, codecs/ and
 // codecs-photo.bin.
+#ifdef __linux__
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -32,6 +36,7 @@
 #include "reader/permutation.h"
 #include "reader/rank_plan.h"
 #include "reader/shard_reader.h"
+#include "reader/warmer.h"
 #include "tests/check.h"
 
 #ifdef _WIN32
@@ -976,6 +981,87 @@ void test_held_open(const fs::path& dataset) {
 
 }  // namespace
 
+// The Warmer: faults a buffer in and maps the shards' cached pages on its thread, leaves the contents alone,
+// stops promptly, refuses a lazy set. Where the system has no such calls (Windows) it finishes at once.
+void test_warmer(const fs::path& dataset) {
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
+  uint64_t shard_bytes = 0;
+  for (size_t i = 0; i < shards->size(); ++i) shard_bytes += shards->shard(i).mapping().size();
+  std::vector<uint8_t> buffer((size_t{5} << 20) + 4096 * 3 + 17);
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<uint8_t>(i * 13 + 1);
+  const std::vector<uint8_t> before = buffer;
+  {
+    Warmer warmer({{buffer.data(), buffer.size()}}, shards, UINT64_MAX);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!warmer.stats().done && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    const Warmer::Stats done = warmer.stats();
+    CHECK(done.done);
+#ifdef __linux__
+    CHECK(done.supported);
+    CHECK(done.prefaulted_bytes == buffer.size());
+    CHECK(done.mapped_bytes > 0 && done.mapped_bytes <= shard_bytes);  // the cached pages (the test just wrote them)
+    CHECK(done.seconds > 0);
+#else
+    CHECK(!done.supported && done.mapped_bytes == 0);
+#endif
+    warmer.stop();
+    warmer.stop();  // idempotent
+  }
+  CHECK(buffer == before);  // faulted in, never written
+  {
+    Warmer capped({}, shards, 1);  // looks at one step of the files at most
+    capped.stop();
+    CHECK(capped.stats().done && capped.stats().mapped_bytes <= (size_t{2} << 20));
+  }
+  {
+    std::vector<uint8_t> big(size_t{64} << 20);
+    Warmer stopped({{big.data(), big.size()}}, shards, UINT64_MAX);
+    stopped.stop();  // at once: at most a step done
+    const Warmer::Stats s = stopped.stats();
+    CHECK(s.done && s.prefaulted_bytes < big.size() && s.mapped_bytes == 0);
+  }
+#ifdef __linux__
+  {  // After request_stop(), nothing past claimed_bytes is touched: its pages stay out of memory.
+    const size_t size = size_t{64} << 20;
+    void* fresh = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(fresh != MAP_FAILED);
+    if (fresh != MAP_FAILED) {
+      ::madvise(fresh, size, MADV_NOHUGEPAGE);  // page by page, so that residency shows exactly what was touched
+      auto* bytes = static_cast<uint8_t*>(fresh);
+      Warmer warmer({{bytes, size}}, nullptr, 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      warmer.request_stop();
+      const uint64_t claimed = warmer.stats().claimed_bytes;
+      warmer.stop();
+      const Warmer::Stats s = warmer.stats();
+      CHECK(s.prefaulted_bytes <= claimed && claimed <= s.prefaulted_bytes + (size_t{2} << 20));
+      CHECK(claimed < size);  // 32 steps: a millisecond is not enough for all
+      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      std::vector<unsigned char> resident(size / page);
+      CHECK(::mincore(fresh, size, resident.data()) == 0);
+      size_t past = 0, before = 0;
+      for (size_t i = 0; i < resident.size(); ++i) {
+        if ((resident[i] & 1) == 0) continue;
+        (i * page < claimed ? before : past) += 1;
+      }
+      CHECK(past == 0);
+      CHECK(before * page == s.prefaulted_bytes);
+      ::munmap(fresh, size);
+    }
+  }
+#endif
+  auto lazy = std::make_shared<const ShardSet>(shard_counts());
+  bool refused = false;
+  try {
+    Warmer warmer({}, lazy, UINT64_MAX);
+  } catch (const FastloadError&) {
+    refused = true;
+  }
+  CHECK(refused);
+}
+
 int main(int argc, char** argv) {
 #ifdef _WIN32
   if (argc == 4 && std::string(argv[1]) == "--hold") {
@@ -1000,6 +1086,7 @@ int main(int argc, char** argv) {
     test_rank_plan_read(dir, order);
     test_consumer_waits_for_half_the_window(dataset);
     test_pool_carried_over(dataset);
+    test_warmer(dataset);
     test_swapped_shards_refused(dataset);
     test_lazy_attach(dataset);
     test_detach_pinned(dataset);

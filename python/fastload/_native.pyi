@@ -132,6 +132,10 @@ class BatchReader:
     def field_bytes(self) -> list[int]: ...
     def add_slot(self, buffer: ArrayLike, reusable: bool = True) -> None: ...
     def add_split_slot(self, buffers: list[ArrayLike | None], reusable: bool = True) -> None: ...
+    def reserve_slots(self, count: int) -> np.ndarray | None:
+        """Add fresh batch buffers until the pool holds ``count``; return their memory (uint8), or None if it did."""
+    def prefault_later(self, region: np.ndarray) -> None:
+        """With ``prefault_while_waiting`` on: fault ``region`` (pooled slots' memory) in while waiting."""
     def submit(self, indices: ArrayLike, params: ArrayLike | None = None) -> bool: ...
     def plan(self, indices: ArrayLike, sizes: Sequence[int], params: ArrayLike | None = None,
              permutation: tuple[int, int, int] | None = None) -> None:
@@ -158,3 +162,16 @@ class BatchReader:
     def close(self) -> None: ...
     def stats(self) -> dict[str, float]: ...
     def reset_stats(self) -> None: ...
+
+
+class Warmer:
+    """A background thread faulting in batch buffers and mapping the shards' cached pages; stop() joins it."""
+
+    def __init__(self, buffer: np.ndarray | None, shards: ShardSet | None, max_mapping_bytes: int) -> None: ...
+    def stop(self, wait: bool = True) -> None:
+        """Stop the thread (at most one 2 MiB step later) and join it; with ``wait=False`` only ask it to stop."""
+    def stats(self) -> dict[str, int | float | bool]:
+        """Return what it did so far: prefaulted_bytes, claimed_bytes, mapped_bytes, seconds, done, supported.
+
+        After ``stop(wait=False)`` the thread touches no buffer byte past ``claimed_bytes``.
+        """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,6 +28,7 @@ from ._remote_shards import (
     check_cache_fits,
     fetch_ahead,
     follow_pass,
+    is_remote_dataset,
     remote_fetchers,
     shards_missing,
 )
@@ -35,6 +37,9 @@ from ._sampling_setup import WithSource, dataset_fingerprint
 from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec, usable_cores
 from ._state import MAX_EPOCH, check_state, make_state
 from ._torch_backend import OrderBatchSampler, make_dataloader, workers_for_platform
+from ._warm_up import WarmUp, start_warm_up
+
+_log = logging.getLogger(__name__)
 
 
 class ShardLoader:
@@ -105,6 +110,13 @@ class ShardLoader:
     reads them, at most ``predownload`` shards ahead of the next batch
     (``"auto"``: 16; ``"all"``: no bound). See docs/remote.md.
 
+    ``warm_up=True`` (the native backend, local shards): from construction
+    until the first pass starts, a background thread faults in that pass's
+    batch buffers and maps the shard pages the page cache holds, so the first
+    epoch of a fresh process does not pay for them while the script builds its
+    model (docs/benchmarks.md, "Warming up while the model is built").
+    ``warm_up=False`` leaves both to the first pass.
+
     ``multiprocessing_context`` is the start method of ``backend="torch"``'s
     workers: ``None`` forks on Linux and takes the platform's default
     elsewhere (``spawn`` on Windows and macOS); ``"spawn"`` starts them as
@@ -147,6 +159,7 @@ class ShardLoader:
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str | None = None,
         predownload: int | str = "auto",
+        warm_up: bool = True,
     ) -> None:
         # The constructor only validates and groups (one spec per concern, _specs.py), then composes them.
         OrderSpec.check_batch_size(batch_size)  # before the dataset is opened, as a DataLoader would
@@ -182,6 +195,8 @@ class ShardLoader:
         self._active: weakref.ref[EpochIterator] | None = None  # the started pass that moves this loader
         self._last_stats: dict[str, Any] = {}
         self._shards: Any = None  # the native ShardSet, opened by the first pass in this process
+        self._warm_up: WarmUp | None = None  # buffers and shard pages touched in the background until a pass starts
+        self._warm_up_stats: dict[str, Any] = {}
         self._slots = SlotPoolKeeper()  # plain batch buffers, reused by the next pass
         self._sampler: OrderBatchSampler | None = None
         self._dataloader: torch.utils.data.DataLoader | None = None
@@ -198,7 +213,7 @@ class ShardLoader:
             "num_samples": num_samples, "replacement": replacement, "shuffle_window": shuffle_window,
             "transforms": transforms,
             "layout": layout, "batch_transform": batch_transform, "output": output,
-            "multiprocessing_context": multiprocessing_context}
+            "multiprocessing_context": multiprocessing_context, "warm_up": warm_up}
         if self.backend == "torch":
             self.num_workers = workers_for_platform(num_workers)
             self._init_kwargs["num_workers"] = self.num_workers
@@ -206,6 +221,8 @@ class ShardLoader:
             self._dataloader = make_dataloader(self.dataset, self._sampler, self.num_workers, self.pin_memory, seed,
                                                prefetch_factor, persistent_workers, self.augment,
                                                multiprocessing_context)
+        elif warm_up:
+            self._warm_up = self._start_warm_up()
 
     # ---- distributed settings -----------------------------------------------------------------
 
@@ -379,6 +396,36 @@ class ShardLoader:
         if self._active is not None and self._active() is it:
             self._active = None
             self._stopped(it, complete)
+        self._join_warm_up()
+
+    def _join_warm_up(self) -> None:
+        """Join the warm-up thread once a pass has asked it to stop (it ended after its step in flight)."""
+        if self._warm_up is not None and self._warm_up_stats:
+            self._warm_up_stats, self._warm_up = self._warm_up.stop(), None
+
+    def _native_settings(self, grouped: bool, unfaulted: Sequence[np.ndarray] = ()) -> NativeSettings:
+        return NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
+                              host_allocator=self._host_allocator, slots=None if grouped else self._slots,
+                              prefault_while_waiting=self.num_threads < usable_cores(), unfaulted=unfaulted)
+
+    def _start_warm_up(self) -> WarmUp | None:
+        """Start faulting in the first pass's batch buffers and mapping the cached shard pages (``_warm_up.py``).
+
+        Local shards of one layout only. A dataset that cannot be opened or read gets no warm-up: the first
+        pass opens it again and raises its error there, as without one.
+        """
+        datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
+        if isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout:
+            return None
+        if any(is_remote_dataset(ds) for ds in datasets):
+            return None
+        try:
+            shards = open_shards(datasets)
+            return start_warm_up(shards, datasets[0], self.batch_size, self._native_settings(False), self.augment,
+                                 [f for ds in datasets for f in ds.manifest.record_fingerprints()])
+        except Exception:  # noqa: BLE001 - raised again, where it always was, by the first pass
+            _log.debug("no warm-up for %r", self, exc_info=True)
+            return None
 
     def _iter_native(self, order: EpochOrder | ArrayOrder, plan: EpochPlan, epoch: int) -> Iterator[Batch]:
         if len(plan) == 0:
@@ -387,14 +434,19 @@ class ShardLoader:
         grouped = isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout
         if self._shards is None:
             self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
+        unfaulted: list[np.ndarray] = []
+        self._join_warm_up()  # a pass that ran alongside this one stopped it
+        if self._warm_up is not None:  # the first pass: its shards, its pool's buffers
+            # Not joined here: the step in flight (a 2 MiB fault can take milliseconds) ends on its own while the
+            # pass starts, and the pass's end joins the thread.
+            self._warm_up_stats = self._warm_up.stop(wait=False)
+            unfaulted = self._warm_up.unfaulted()
         batch_indices = BatchIndices(plan, native_position_map(order), permutation=native_permutation(order),
                                      identity=isinstance(order, EpochOrder) and not order.shuffle)
         remote_set = self._shards if isinstance(self._shards, RemoteShardSet) else None
         if remote_set is not None and shards_missing(datasets):  # fetch ahead in the order the batches read
             remote_set.want(native_position_map(order)(plan.positions_of_batches(0, len(plan))), self.batch_size)
-        settings = NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
-                                  host_allocator=self._host_allocator, slots=None if grouped else self._slots,
-                                  prefault_while_waiting=self.num_threads < usable_cores())
+        settings = self._native_settings(grouped, unfaulted)  # with a core idle, the consumer goes on with it
         epoch_batches: Iterator[Batch]
         if grouped:  # datasets that store records differently: a reader per group, parts copied together
             assert isinstance(self.dataset, ConcatShardDataset)
@@ -465,7 +517,9 @@ class ShardLoader:
         bytes_decoded, read_s, decompress_s, copy_s (summed over threads),
         ready_batches, prefaulted_bytes and prefault_s (fresh batch buffers the
         consumer's thread faulted in while it waited, a first epoch's, and the
-        time that took, counted in wait_s too); with ``device=`` also h2d_s (device time of the
+        time that took, counted in wait_s too); after a warm-up (``warm_up=True``)
+        warm_up_prefaulted_bytes, warm_up_mapped_bytes and warm_up_s (what it
+        did before the first pass stopped it); with ``device=`` also h2d_s (device time of the
         host-to-device copies), h2d_bytes and copy_wait_s (time the consumer
         blocked on a copy); plus ``bottleneck``: "consumer" when the loop
         rarely waits, "h2d" when most of the waiting was on copies, else the
@@ -473,7 +527,12 @@ class ShardLoader:
         """
         active = self._live_pass()
         raw = active.raw_stats() if active is not None else dict(self._last_stats)
-        return summarize_stats(raw, self.backend)
+        stats = summarize_stats(raw, self.backend)
+        warm = self._warm_up.stats() if self._warm_up is not None else self._warm_up_stats  # running, or as it ended
+        if warm:
+            stats.update(warm_up_prefaulted_bytes=warm["prefaulted_bytes"], warm_up_mapped_bytes=warm["mapped_bytes"],
+                         warm_up_s=warm["seconds"])
+        return stats
 
     def reset_stats(self) -> None:
         """Start the counters of the current pass from zero."""

@@ -53,6 +53,9 @@ class NativeSettings:
     # The consumer's thread faults fresh batch buffers in while it waits (where a core is idle: fewer
     # threads than cores; measured in docs/benchmarks.md, "Fresh memory").
     prefault_while_waiting: bool = False
+    # Pooled slots' memory a warm-up before the first pass did not fault in (``_warm_up.py``), the slot needed
+    # soonest last: with prefault_while_waiting, the consumer's thread goes on with it.
+    unfaulted: Sequence[np.ndarray] = ()
 
     def allocator(self) -> HostAllocator | None:
         """Return the allocator of single-use batch buffers, or None for pooled numpy buffers."""
@@ -202,6 +205,9 @@ class NativeEpoch:
         # in both, a consumer that has to wait sleeps until half of it is ready.
         self._reader.set_window(settings.prefetch, min(settings.prefetch, FIRST_WINDOW))
         self._reader.prefault_while_waiting = settings.prefault_while_waiting
+        if settings.prefault_while_waiting and self._slots is not None:
+            for region in settings.unfaulted:  # the reader takes the newest region first
+                self._reader.prefault_later(region)
         self._views: FieldViews | None = None
         self._split = False
         if self._allocator is not None:
@@ -272,6 +278,18 @@ class NativeEpoch:
             params = self._augment.params(self._epoch, values)
         self._reader.plan(values, sizes, params, permutation)
         self._next_submit = stop
+
+    @property
+    def slot_bytes(self) -> int:
+        """Return the size of one batch buffer (every decoded field of a batch, aligned)."""
+        return int(self._reader.slot_bytes)
+
+    def reserve_slots(self, count: int) -> np.ndarray | None:
+        """Add fresh plain batch buffers until the pool holds ``count``; return their memory, or None if it did.
+
+        For a warm-up before the first pass (``_warm_up.py``): the buffers stay in the pool when this epoch closes.
+        """
+        return self._reader.reserve_slots(count)
 
     def _new_buffers(self) -> list[torch.Tensor]:
         """Allocate one batch's single-use buffers and add them to the reader; one per decoded field if split."""
