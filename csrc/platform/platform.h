@@ -66,7 +66,9 @@ bool prefault_for_writing(void* data, size_t size) noexcept;
 // Adds the bytes mapped to *mapped. Returns false where the system has no
 // such call (elsewhere, an older kernel), so that the caller stops asking;
 // other refusals (a file truncated under the mapping: EFAULT) are ignored.
-// Never throws, never faults.
+// Never throws, never faults. Since Linux 5.0 mincore says every page is
+// cached for a file the process neither owns nor may write: the caller must
+// not use this there, or the whole file is read from disk.
 bool map_cached_pages(const void* data, size_t size, size_t* mapped) noexcept;
 
 // Names the calling thread (Linux: at most 15 bytes are kept; Windows 10+:

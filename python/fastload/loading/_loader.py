@@ -400,8 +400,11 @@ class ShardLoader:
 
     def _join_warm_up(self) -> None:
         """Join the warm-up thread once a pass has asked it to stop (it ended after its step in flight)."""
-        if self._warm_up is not None and self._warm_up_stats:
-            self._warm_up_stats, self._warm_up = self._warm_up.stop(), None
+        warm = self._warm_up
+        if warm is not None and warm.forked():  # the parent's thread: nothing to wait for or use here
+            self._warm_up, self._warm_up_stats = None, {}
+        elif warm is not None and self._warm_up_stats:
+            self._warm_up_stats, self._warm_up = warm.stop(), None
 
     def _native_settings(self, grouped: bool, unfaulted: Sequence[np.ndarray] = ()) -> NativeSettings:
         return NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
@@ -422,7 +425,8 @@ class ShardLoader:
         try:
             shards = open_shards(datasets)
             return start_warm_up(shards, datasets[0], self.batch_size, self._native_settings(False), self.augment,
-                                 [f for ds in datasets for f in ds.manifest.record_fingerprints()])
+                                 [f for ds in datasets for f in ds.manifest.record_fingerprints()],
+                                 [str(ds.path / s.file) for ds in datasets for s in ds.manifest.shards])
         except Exception:  # noqa: BLE001 - raised again, where it always was, by the first pass
             _log.debug("no warm-up for %r", self, exc_info=True)
             return None
@@ -435,12 +439,14 @@ class ShardLoader:
         if self._shards is None:
             self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
         unfaulted: list[np.ndarray] = []
-        self._join_warm_up()  # a pass that ran alongside this one stopped it
-        if self._warm_up is not None:  # the first pass: its shards, its pool's buffers
+        self._join_warm_up()  # a pass that ran alongside this one stopped it (or this is a forked child)
+        warm = self._warm_up  # bound once: a pass's end (a collected iterator) may clear the attribute meanwhile
+        if warm is not None:  # the first pass: its shards, its pool's buffers
             # Not joined here: the step in flight (a 2 MiB fault can take milliseconds) ends on its own while the
             # pass starts, and the pass's end joins the thread.
-            self._warm_up_stats = self._warm_up.stop(wait=False)
-            unfaulted = self._warm_up.unfaulted()
+            stats = warm.stop(wait=False)
+            unfaulted = warm.unfaulted()
+            self._warm_up_stats = stats
         batch_indices = BatchIndices(plan, native_position_map(order), permutation=native_permutation(order),
                                      identity=isinstance(order, EpochOrder) and not order.shuffle)
         remote_set = self._shards if isinstance(self._shards, RemoteShardSet) else None
@@ -528,7 +534,8 @@ class ShardLoader:
         active = self._live_pass()
         raw = active.raw_stats() if active is not None else dict(self._last_stats)
         stats = summarize_stats(raw, self.backend)
-        warm = self._warm_up.stats() if self._warm_up is not None else self._warm_up_stats  # running, or as it ended
+        warm_up = self._warm_up
+        warm = warm_up.stats() if warm_up is not None else self._warm_up_stats  # running, or as it ended
         if warm:
             stats.update(warm_up_prefaulted_bytes=warm["prefaulted_bytes"], warm_up_mapped_bytes=warm["mapped_bytes"],
                          warm_up_s=warm["seconds"])

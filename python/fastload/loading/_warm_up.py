@@ -11,19 +11,23 @@ first pass's batch buffers to the loader's pool, and starts a native thread (``_
 that faults the buffers in and maps the shard pages the page cache already holds. The first pass
 asks it to stop (it ends after the 2 MiB step in flight, without the pass waiting for it) and finds
 what was done ready; its workers do the rest, as they would have. The loader joins the thread when
-that pass ends; the thread is also stopped and joined when the loader goes, and at interpreter exit.
+that pass ends; the thread is also stopped and joined when the loader goes, and at interpreter exit
+(``weakref.finalize``). In a child made by ``os.fork()`` the thread does not exist: the warm-up is
+neither waited for nor used there.
 
 Policy, here: the native backend over local shards only (a remote cache's shards come and go);
 pinned batches get no buffers ahead (torch's caching host allocator owns them), only the mapping;
 at most ``MAX_MAPPING_BYTES`` of the shard files are looked at (of a dataset far larger than memory
-little is cached, and a first pass reads only part of it).
+little is cached, and a first pass reads only part of it); and no mapping at all unless the kernel
+says truthfully which pages are cached (:func:`page_cache_visible`), since mapping pages it only
+claims are cached would read them from disk.
 """
 
 from __future__ import annotations
 
-import atexit
-import logging
+import os
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,9 +38,6 @@ from ._native_backend import NativeEpoch, NativeSettings, _native
 
 MAX_MAPPING_BYTES = 8 << 30  # of shard files looked at for cached pages to map
 
-_log = logging.getLogger(__name__)
-_running: weakref.WeakSet[WarmUp] = weakref.WeakSet()
-
 
 class WarmUp:
     """A running warm-up: the native thread, and the ShardSet the first pass will reuse (kept open meanwhile)."""
@@ -46,18 +47,23 @@ class WarmUp:
         self._shards: Any = shards
         self._buffer = buffer  # the slots added to the pool, end to end, in the order they were added
         self._slot_bytes = slot_bytes
-        _running.add(self)
+        self._pid = os.getpid()
+        # Joins the thread when this object goes, or at interpreter exit if it is still alive then.
+        self._finalizer = weakref.finalize(self, warmer.stop)
+
+    def forked(self) -> bool:
+        """Return whether this is a child made by ``os.fork()`` since (where the thread does not exist)."""
+        return os.getpid() != self._pid
 
     def stop(self, wait: bool = True) -> dict[str, Any]:
         """Stop the thread and return what it did; ``wait=False`` does not join it (the step in flight goes on).
 
         Idempotent. A pass starting asks without waiting (a 2 MiB step of fresh memory can take milliseconds);
-        the loader joins it when that pass ends, and the native destructor and the interpreter's exit join it too.
+        the loader joins it when that pass ends, and the finalizer joins it when this object goes or at exit.
         """
         self._warmer.stop(wait)
         if wait:
             self._shards = None
-            _running.discard(self)
         return self.stats()
 
     def unfaulted(self) -> list[np.ndarray]:
@@ -66,9 +72,9 @@ class WarmUp:
         In the order the pool hands them out last (the pool is last in, first out: the slot added last goes
         first), without that last slot, which the first batch's worker is writing by the time a waiting consumer
         could fault it: ``prefault_later`` takes the newest region first, so the consumer then faults the slot
-        needed next, ahead of the workers.
+        needed next, ahead of the workers. None in a forked child, whose pool is a new one.
         """
-        if self._buffer is None:
+        if self._buffer is None or self.forked():
             return []
         claimed = int(self._warmer.stats()["claimed_bytes"])  # the end of a step in flight, if one is
         size = self._slot_bytes
@@ -80,11 +86,30 @@ class WarmUp:
         return dict(self._warmer.stats())
 
 
+def page_cache_visible(path: str | os.PathLike) -> bool:
+    """Return whether ``mincore`` tells this process which pages of ``path`` the page cache holds.
+
+    Since Linux 5.0 it does only for a file the process owns or may write (or with the privilege to act
+    as any owner, root's); for any other file it says every page is cached, and mapping them all would
+    read the file from disk.
+    """
+    if not hasattr(os, "geteuid"):  # Windows: no mincore (the native side maps nothing there anyway)
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    euid = os.geteuid()
+    writable = os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
+    return euid == 0 or st.st_uid == euid or writable
+
+
 def start_warm_up(shards: Any, dataset: ShardDataset, batch_size: int, settings: NativeSettings, augment: Augment,
-                  fingerprints: list[int]) -> WarmUp:
+                  fingerprints: list[int], shard_paths: Sequence[str]) -> WarmUp:
     """Add the first pass's batch buffers to ``settings.slots``'s pool and start faulting them and ``shards`` in.
 
-    ``shards`` is an eager native ShardSet; the arguments are those the first pass's NativeEpoch gets.
+    ``shards`` is an eager native ShardSet of the files ``shard_paths``; the other arguments are those the
+    first pass's NativeEpoch gets.
     """
     buffer: np.ndarray | None = None
     slot_bytes = 0
@@ -95,18 +120,9 @@ def start_warm_up(shards: Any, dataset: ShardDataset, batch_size: int, settings:
             buffer, slot_bytes = epoch.reserve_slots(settings.prefetch + 1), epoch.slot_bytes
         finally:
             epoch.close()  # the pool, with its new buffers, goes back to settings.slots for the first pass
-    return WarmUp(_native.Warmer(buffer, shards, MAX_MAPPING_BYTES), shards, buffer, slot_bytes)
+    mapping = MAX_MAPPING_BYTES if all(page_cache_visible(p) for p in shard_paths) else 0
+    return WarmUp(_native.Warmer(buffer, shards, mapping), shards, buffer, slot_bytes)
 
 
 def _no_batch(batch: int) -> np.ndarray:
     raise AssertionError(f"a warm-up reads no batch (asked for {batch})")
-
-
-@atexit.register
-def _stop_all() -> None:
-    """Join every warm-up thread still running before the interpreter finalizes."""
-    for warm_up in list(_running):
-        try:
-            warm_up.stop()
-        except Exception:  # noqa: BLE001 - exiting: the other threads must still be joined
-            _log.debug("stopping a warm-up at exit failed", exc_info=True)
