@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -121,3 +122,11 @@ def preprocess_two_classes(data: Path, out: str | Path, *extra: str, env: dict |
     return run_cli("preprocess_tiles", "--data-dir", str(data), "--output-dir", str(out), "--tile-size", "32",
                    "--stride", "24", "--labels-from-dirs", "--codec", "zstd", "--shard-size", "20KB",
                    "--val-fraction", "0.3", "--no-progress", *extra, env=env)
+
+
+def kernel_has_populate() -> bool:
+    """Return whether this is Linux 5.14 or later (madvise MADV_POPULATE_READ and MADV_POPULATE_WRITE)."""
+    if sys.platform != "linux":
+        return False
+    major, minor = (int(part) for part in platform.release().split(".")[:2])
+    return (major, minor) >= (5, 14)

@@ -1,9 +1,8 @@
-import platform
-import sys
 import time
 
 import numpy as np
 import pytest
+from conftest import kernel_has_populate
 
 import fastload
 from fastload import ShardLoader
@@ -47,15 +46,7 @@ def test_a_slow_training_step_makes_the_consumer_the_bottleneck(zstd_tiles):
     assert s["bottleneck"] == "consumer" and s["wait_share"] < 0.1
 
 
-def _kernel_has_populate_write() -> bool:
-    """Return whether this is Linux 5.14 or later (madvise MADV_POPULATE_WRITE)."""
-    if sys.platform != "linux":
-        return False
-    major, minor = (int(part) for part in platform.release().split(".")[:2])
-    return (major, minor) >= (5, 14)
-
-
-@pytest.mark.skipif(not _kernel_has_populate_write(), reason="needs Linux 5.14+ (madvise MADV_POPULATE_WRITE)")
+@pytest.mark.skipif(not kernel_has_populate(), reason="needs Linux 5.14+ (madvise MADV_POPULATE_WRITE)")
 def test_a_waiting_consumer_faults_fresh_batch_buffers_in_where_a_core_is_idle(zstd_tiles, slow_reads, monkeypatch):
     from fastload.loading import _loader
 

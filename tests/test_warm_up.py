@@ -7,7 +7,6 @@ running after ``del``, at interpreter exit or in a forked child; errors of a bad
 """
 
 import os
-import platform
 import subprocess
 import sys
 import textwrap
@@ -17,22 +16,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import kernel_has_populate
 
 import fastload
 from fastload import ShardLoader
 from fastload.errors import FastloadError
 from fastload.loading import _warm_up
 
-
-def _kernel_has_populate() -> bool:
-    """Return whether this is Linux 5.14 or later (madvise MADV_POPULATE_READ and MADV_POPULATE_WRITE)."""
-    if sys.platform != "linux":
-        return False
-    major, minor = (int(part) for part in platform.release().split(".")[:2])
-    return (major, minor) >= (5, 14)
-
-
-needs_populate = pytest.mark.skipif(not _kernel_has_populate(), reason="needs Linux 5.14+ (madvise MADV_POPULATE_*)")
+needs_populate = pytest.mark.skipif(not kernel_has_populate(), reason="needs Linux 5.14+ (madvise MADV_POPULATE_*)")
 
 
 @pytest.fixture(scope="module")

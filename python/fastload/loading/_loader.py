@@ -20,7 +20,7 @@ from ._compose import ConcatShardDataset, ShardSubset
 from ._dataset import ShardDataset
 from ._device import CudaOps, DevicePrefetcher
 from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
-from ._native_backend import NativeEpoch, NativeSettings, SlotPoolKeeper, open_shards
+from ._native_backend import NativeEpoch, NativeSettings, SlotPoolKeeper, open_shards, shard_paths
 from ._native_groups import GroupedNativeEpoch, open_groups
 from ._plan import BatchIndices, EpochPlan
 from ._remote_shards import (
@@ -426,7 +426,7 @@ class ShardLoader:
             shards = open_shards(datasets)
             return start_warm_up(shards, datasets[0], self.batch_size, self._native_settings(False), self.augment,
                                  [f for ds in datasets for f in ds.manifest.record_fingerprints()],
-                                 [str(ds.path / s.file) for ds in datasets for s in ds.manifest.shards])
+                                 shard_paths(datasets))
         except Exception:  # noqa: BLE001 - raised again, where it always was, by the first pass
             _log.debug("no warm-up for %r", self, exc_info=True)
             return None

@@ -106,6 +106,11 @@ def _identity(path: str, count: int) -> tuple:
     return (os.path.realpath(path), count, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def shard_paths(datasets: Sequence[ShardDataset]) -> list[str]:
+    """Return the paths of every shard of ``datasets``, in order (one global index space)."""
+    return [str(ds.path / s.file) for ds in datasets for s in ds.manifest.shards]
+
+
 def open_shards(datasets: ShardDataset | Sequence[ShardDataset]) -> Any:
     """Map and validate every shard of ``datasets`` in the native core, or reuse this process's open set.
 
@@ -118,7 +123,7 @@ def open_shards(datasets: ShardDataset | Sequence[ShardDataset]) -> Any:
     datasets = [datasets] if isinstance(datasets, ShardDataset) else list(datasets)
     if any(is_remote_dataset(ds) for ds in datasets):  # shards attached as they download
         return RemoteShardSet(datasets)
-    paths = [str(ds.path / s.file) for ds in datasets for s in ds.manifest.shards]
+    paths = shard_paths(datasets)
     counts = [s.count for ds in datasets for s in ds.manifest.shards]
     try:
         key = tuple(_identity(p, c) for p, c in zip(paths, counts))
