@@ -30,6 +30,23 @@ def test_stats_count_what_was_delivered(zstd_tiles):
     assert loader.stats()["bottleneck"] is None
 
 
+@pytest.mark.parametrize("backend", ["native", "torch"])
+def test_samples_count_the_plan_since_the_last_reset(zstd_tiles, backend):
+    """The samples counter is the plan's (the short last batch included), from the last reset_stats()."""
+    loader = ShardLoader(zstd_tiles, batch_size=10, backend=backend)  # 64 samples: 6 batches of 10 and one of 4
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    assert loader.stats()["samples"] == 30
+    loader.reset_stats()
+    assert loader.stats()["samples"] == 0
+    rest = list(it)
+    assert len(rest) == 4 and loader.stats()["samples"] == 34 == sum(len(b["label"]) for b in rest)
+    dropped = ShardLoader(zstd_tiles, batch_size=10, backend=backend, drop_last=True)
+    list(dropped)
+    assert dropped.stats()["samples"] == 60
+
+
 def test_a_slow_read_stage_is_named_the_bottleneck(zstd_tiles, slow_reads):
     slow_reads(3000)
     loader = ShardLoader(zstd_tiles, batch_size=8, num_threads=2)

@@ -216,7 +216,10 @@ class PyBatchReader {
       if (prefault_) unfaulted_.push_back(std::move(fresh));
     }
     if (!unfaulted_.empty()) prefault_while_waiting(r);  // a few locks, then only while the batch is not ready
-    std::optional<CompletedBatch> batch;
+    // A batch already complete is taken with the GIL held: letting the GIL go and taking it back would cost
+    // the consumer more than the take (issue 26: its time per batch). Workers never wait for the GIL while
+    // they hold the reader's lock, so holding it here for the take cannot deadlock.
+    std::optional<CompletedBatch> batch = r.wait_next(std::chrono::milliseconds(0));
     while (!batch) {
       std::exception_ptr error;
       PyThreadState* state = PyEval_SaveThread();

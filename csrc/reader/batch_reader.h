@@ -173,12 +173,12 @@ class BatchReader {
 
   // The oldest submitted batch once complete; nullopt when `timeout` passes
   // first. When it is not complete yet (after the first batch), this waits
-  // until the oldest half of the window is, so that a consumer faster than
+  // until the oldest three quarters of the window are, so that a consumer faster than
   // the workers blocks once per several batches rather than once per batch.
   // Submits planned batches first, as the window and the free slots allow.
   // Rethrows that batch's error. Throws FastloadError if nothing is pending
   // (nothing submitted, or planned batches and no free slot) or the reader is
-  // closed.
+  // closed. A timeout of 0 only takes a batch already complete: no wait.
   std::optional<CompletedBatch> wait_next(std::chrono::milliseconds timeout);
 
   size_t pending() const;

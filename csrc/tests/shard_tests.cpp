@@ -421,11 +421,11 @@ void test_rank_plan_read(const fs::path& dir, const std::vector<uint64_t>& order
   lazy_reader.close();
 }
 
-// A consumer that has to wait sleeps until half the window is ready (one
-// wake per several batches, not per batch): after the first batch (which
-// wakes it at once), each wait_next() that found its batch unfinished returns
-// with the next three of a window of 8 ready too, and nothing is lost.
-void test_consumer_waits_for_half_the_window(const fs::path& dataset) {
+// A consumer that has to wait sleeps until three quarters of the window are
+// ready (one wake per several batches, not per batch): after the first batch
+// (which wakes it at once), each wait_next() that found its batch unfinished
+// returns with the next five of a window of 8 ready too, and nothing is lost.
+void test_consumer_waits_for_most_of_the_window(const fs::path& dataset) {
   auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
   BatchReader reader(shards, kFields, reader_options(*shards, 4, 1));  // 1 thread: batches finish in order
   reader.set_window(8, 8);
@@ -442,10 +442,35 @@ void test_consumer_waits_for_half_the_window(const fs::path& dataset) {
     CHECK(batch.has_value() && batch->count == 4);
     if (!was_ready) {
       ++waited;
-      CHECK(reader.ready() + 1 >= std::min<size_t>(4, plan.batch_count() - b));  // it and the next 3
+      CHECK(reader.ready() + 1 >= std::min<size_t>(6, plan.batch_count() - b));  // it and the next 5
     }
   }
-  CHECK(waited >= 2 && waited <= 12);  // woken about once per 4 batches of 23 (about 6), not per batch
+  CHECK(waited >= 2 && waited <= 8);  // woken about once per 6 batches of 23 (about 4), not per batch
+  reader.close();
+}
+
+// wait_next(0) takes a batch already complete and returns nullopt at once for
+// one still being read (the binding's take with the GIL held), losing nothing.
+void test_wait_next_without_a_wait(const fs::path& dataset) {
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
+  BatchReader reader(shards, kFields, reader_options(*shards, 4, 1));
+  reader.set_window(2, 2);
+  std::vector<std::vector<uint8_t>> memory(3, std::vector<uint8_t>(reader.slot_bytes()));
+  for (auto& m : memory) reader.pool()->add(m.data(), m.size(), nullptr);
+  reader.set_read_delay_for_tests(50000);  // 200 ms a batch: the first try comes long before it is ready
+  const RankPlan plan(0, kSamples, 0, 1, 3 * 4, 4);
+  reader.plan_positions(plan, 0, plan.batch_count());
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(!reader.wait_next(std::chrono::milliseconds(0)).has_value());
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(150));  // no wait for it
+  reader.set_read_delay_for_tests(0);
+  size_t delivered = 0;
+  while (delivered < plan.batch_count()) {
+    while (!reader.next_ready()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto batch = reader.wait_next(std::chrono::milliseconds(0));
+    CHECK(batch.has_value() && batch->count == 4);
+    ++delivered;
+  }
   reader.close();
 }
 
@@ -1089,7 +1114,8 @@ int main(int argc, char** argv) {
     test_threaded_read(dataset, order);
     test_planned_read(dir, order);
     test_rank_plan_read(dir, order);
-    test_consumer_waits_for_half_the_window(dataset);
+    test_consumer_waits_for_most_of_the_window(dataset);
+    test_wait_next_without_a_wait(dataset);
     test_pool_carried_over(dataset);
     test_warmer(dataset);
     test_swapped_shards_refused(dataset);

@@ -57,7 +57,7 @@ class EpochIterator:
         self.delivered = 0
         self.finished = False  # ended: complete or abandoned
         self.complete = False
-        self._samples = 0
+        self._counted_from = 0  # batches delivered before the counters were last reset
         self._wait = 0.0
         self._started = time.perf_counter()
         self._busy = threading.Lock()  # one consumer at a time (issue 10)
@@ -81,32 +81,35 @@ class EpochIterator:
             end_step()
             self._busy.release()
 
-    def _next_batch(self) -> Batch:
+    def _next_batch(self, clock: Callable[[], float] = time.perf_counter) -> Batch:
         if self.finished:
             raise StopIteration
-        if self._inner is None:
-            self.epoch, self.plan, self._inner = self._hooks.begin(self)
-            self._length = len(self.plan)
-            self._started = time.perf_counter()
+        inner = self._inner
+        if inner is None:
+            self.epoch, self.plan, inner = self._inner_from_begin()
         if self.delivered >= self._length:  # an empty plan: complete without a batch
             self._end(complete=True)
             raise StopIteration
-        start = time.perf_counter()
+        start = clock()
         try:
-            batch = next(self._inner, None)
+            batch = next(inner, None)
         except BaseException:
+            self._wait += clock() - start
             self._end(complete=False)
             raise
-        finally:
-            self._wait += time.perf_counter() - start
+        self._wait += clock() - start
         if batch is None:  # the batches ran out before the plan did: never pass that off as an epoch's end
             self._end(complete=False)
             raise FastloadError(f"a pass over {self._length} batches stopped after {self.delivered}")
         self.delivered += 1
-        self._samples += _batch_len(batch)
         if self.delivered == self._length:
             self._end(complete=True)  # the last batch: the epoch is complete now, not on an extra next()
         return batch
+
+    def _inner_from_begin(self) -> tuple[int, EpochPlan, Iterator[Batch]]:
+        epoch, plan, inner = self._hooks.begin(self)
+        self._inner, self._length, self._started = inner, len(plan), time.perf_counter()
+        return epoch, plan, inner
 
     @property
     def started(self) -> bool:
@@ -124,6 +127,14 @@ class EpochIterator:
         finally:
             self._hooks.ended(self, complete)
 
+    def _samples(self) -> int:
+        """Return the samples delivered since the counters were reset: the plan's, not counted batch by batch."""
+        plan = self.plan
+        if plan is None:
+            return 0
+        return min(self.delivered * plan.batch_size, plan.samples) - min(self._counted_from * plan.batch_size,
+                                                                        plan.samples)
+
     def raw_stats(self, clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
         """Return this pass's counters (the native reader's included).
 
@@ -133,13 +144,13 @@ class EpochIterator:
         native = getattr(self._inner, "stats", None)
         if callable(native):
             stats.update(native())
-        stats.update({"batches": self.delivered, "samples": self._samples, "wait_s": self._wait,
+        stats.update({"batches": self.delivered, "samples": self._samples(), "wait_s": self._wait,
                       "wall_s": clock() - self._started})
         return stats
 
     def reset_stats(self) -> None:
         """Zero the counters of this pass."""
-        self._samples, self._wait, self._started = 0, 0.0, time.perf_counter()
+        self._counted_from, self._wait, self._started = self.delivered, 0.0, time.perf_counter()
         reset = getattr(self._inner, "reset_stats", None)
         if callable(reset):
             reset()
@@ -182,12 +193,3 @@ def summarize_stats(raw: dict[str, Any], backend: str) -> dict[str, Any]:
         stats["bottleneck"] = "loader"
     return stats
 
-
-def _batch_len(batch: Any) -> int:
-    """Return the samples of a batch: a dict of tensors, or a tuple (``output=``); 0 if it cannot tell."""
-    first = next(iter(batch.values()), None) if isinstance(batch, dict) else (
-        batch[0] if isinstance(batch, (tuple, list)) and batch else None)
-    if not isinstance(first, torch.Tensor):
-        return 0
-    shape = first.shape  # shape[0] costs a third of len(tensor), once per batch
-    return shape[0] if shape else 0

@@ -207,7 +207,7 @@ class NativeEpoch:
             # held a whole epoch (list(loader)) does not leave the loader holding as many buffers.
             self._pool.keep_at_most(settings.prefetch + 2)
         # The window bounds the planned batches in flight (the one-by-one path bounds its own, in _submit_ahead);
-        # in both, a consumer that has to wait sleeps until half of it is ready.
+        # in both, a consumer that has to wait sleeps until three quarters of it are ready.
         self._reader.set_window(settings.prefetch, min(settings.prefetch, FIRST_WINDOW))
         self._reader.prefault_while_waiting = settings.prefault_while_waiting
         if settings.prefault_while_waiting and self._slots is not None:
@@ -215,6 +215,7 @@ class NativeEpoch:
                 self._reader.prefault_later(region)
         self._views: FieldViews | None = None
         self._split = False
+        self._plain_until = 0  # __next__ takes its few steps until this many batches are delivered
         if self._allocator is not None:
             decoded = [f for f in schema if f.name in wanted]
             sizes = [b for f, b in zip(schema, self._reader.field_bytes) if f.name in wanted]
@@ -251,6 +252,17 @@ class NativeEpoch:
                 raise RemoteError(f"batch {self._next_submit}: its shards were evicted {_SUBMIT_ATTEMPTS} times "
                                   "before it could be read; raise cache_limit")
             self._next_submit += 1
+
+    def _fast_path_until(self) -> int:
+        """Return how many batches may be delivered by ``__next__``'s few steps: until the next plan is due.
+
+        None for pinned buffers (each batch its own), batches submitted one by one, or a field viewed as bfloat16.
+        """
+        if not self._planned or self._views is not None or self._bf16:
+            return 0
+        if self._next_submit < self._num_batches:  # the next stretch goes in once the window is down to prefetch
+            return max(0, self._next_submit - self._settings.prefetch)
+        return self._num_batches
 
     def _plan_ahead(self) -> None:
         """Plan the rest of the epoch into the reader, or its next stretch of batches.
@@ -320,13 +332,29 @@ class NativeEpoch:
     def _wall_s(self, clock: Callable[[], float] = time.perf_counter) -> float:  # bound now, as _forked
         return clock() - self._started
 
-    def __next__(self) -> dict[str, torch.Tensor]:
-        if self._forked():
-            raise FastloadError(f"this loader iterator was created in process {self._pid} and inherited through "
-                                "os.fork(); its threads do not exist here: iterate a new ShardLoader in the child")
-        return self._next_batch()
+    def __next__(self, from_numpy: Callable[[np.ndarray], torch.Tensor] = torch.from_numpy) -> dict[str, torch.Tensor]:
+        # The common case in few steps (issue 26: the consumer's time per batch): planned batches into plain
+        # buffers, no plan due, no field viewed as another dtype. The native reader refuses a forked child itself.
+        reader = self._reader
+        if reader is None or self._delivered >= self._plain_until:
+            return self._next_batch()
+        try:
+            arrays = reader.next()
+        except BaseException:
+            self.close()
+            if self._forked():  # the reader's own words name the reader; these name what the user holds
+                raise self._fork_error() from None
+            raise
+        self._delivered += 1
+        return dict(zip(self._names, map(from_numpy, arrays)))
+
+    def _fork_error(self) -> FastloadError:
+        return FastloadError(f"this loader iterator was created in process {self._pid} and inherited through "
+                             "os.fork(); its threads do not exist here: iterate a new ShardLoader in the child")
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
+        if self._forked():
+            raise self._fork_error()
         if self._reader is None or self._delivered >= self._num_batches:
             self.close()
             raise StopIteration
@@ -346,6 +374,7 @@ class NativeEpoch:
             self._delivered += 1
             if self._delivered > 1 and not self._planned:  # the first batch goes out now; the window fills next
                 self._submit_ahead()
+            self._plain_until = self._fast_path_until()
         except BaseException:
             self.close()
             raise

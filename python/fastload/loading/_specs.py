@@ -52,9 +52,9 @@ PINNED_PREFETCH_BYTES = 32 * 2**20
 MIN_PREFETCH_BYTES = 64 * 2**20
 MAX_AUTO_PREFETCH = 64
 # Plain batches in flight with threads within the cores: about this many bytes when batches are small
-# (and this many batches at most). A consumer faster than the workers sleeps until half the window is
-# ready (csrc/reader/batch_reader.cpp): a deeper window of small batches means fewer of its sleeps and
-# wakes, each a large part of its CPU per batch, for a few MiB more buffers to fault in once.
+# (and this many batches at most). A consumer faster than the workers sleeps until three quarters of
+# the window are ready (csrc/reader/batch_reader.cpp): a deeper window of small batches means fewer of
+# its sleeps and wakes, each a large part of its CPU per batch, for a few MiB more buffers to fault in.
 SMALL_BATCH_WINDOW_BYTES = 8 * 2**20
 MAX_SMALL_BATCH_WINDOW = 16
 
