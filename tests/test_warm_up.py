@@ -202,6 +202,23 @@ def test_a_shard_replaced_after_construction_is_read_as_the_new_file(tiles, tmp_
     assert shard.name in str(raised.value)
 
 
+def test_one_open_shard_set_per_process_while_the_files_are_unchanged(tiles, tmp_path):
+    """Loaders over the same files share one native shard set; a file replaced since gets a new one."""
+    import shutil
+
+    from fastload.loading._native_backend import open_shards
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiles, copy)
+    first = open_shards(fastload.ShardDataset(copy))
+    assert open_shards(fastload.ShardDataset(copy)) is first
+    shard = sorted(copy.glob("*.lmdb"))[0]
+    data = shard.read_bytes()
+    shard.unlink()
+    shard.write_bytes(data)  # the same bytes in a new file (another inode)
+    assert open_shards(fastload.ShardDataset(copy)) is not first
+
+
 def test_del_and_a_finished_pass_join_the_warm_up_thread(tiles):
     from conftest import thread_count
 
