@@ -102,8 +102,8 @@ _open_lock = threading.Lock()
 
 
 def _identity(path: str, count: int) -> tuple:
-    # The file is (st_dev, st_ino); the path only keeps the names in error messages the caller's. No realpath:
-    # its lstat per path component cost about 70 us per shard, on the way to every loader's first batch.
+    # The file is (st_dev, st_ino); the path is in the key only so that errors name the path the caller gave.
+    # No realpath: its lstat per path component cost about 70 us per shard on the way to a first batch.
     st = os.stat(path)
     return (os.path.abspath(path), count, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
