@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from fastload.format._manifest import ShardInfo
 from fastload.storage._locks import FileLock
 from fastload.storage._window import reserve_room
@@ -45,3 +47,46 @@ def test_a_shard_fits_beside_what_the_window_holds(tmp_path):
     assert reserve_room(version, shards, 2, no_room, {0: 1.0, 1: 1.0, 2: 2.0}.__getitem__, lambda j: True,
                         {1}) is None
     assert not no_room.exists()
+
+
+@pytest.mark.parametrize("at_stat", [1, 2, 3])
+def test_a_download_renamed_while_the_cache_is_measured_never_widens_a_window(tmp_path, monkeypatch, at_stat):
+    """make_room measures the cache while other processes' downloads are renamed from their .part names
+    (no lock is held for a rename). A rename between listing a directory and stat-ing the name must not
+    make the room look larger: counted by one walk it can only be missed, and a version's own bytes count
+    at least at its window anyway. Two walks, one of the whole cache and one of the version, subtracted
+    from each other, gave one process a window of one shard too many (a cache over its limit)."""
+    import json
+    import os
+
+    from fastload.storage import _cache
+
+    cache = tmp_path / "cache"
+    version = cache / ("ds-" + "0" * 16) / ("1" * 16)
+    version.mkdir(parents=True)
+    shards = [{"file": f"shard-{i}.lmdb", "bytes": 100} for i in range(10)]
+    (version / "manifest.json").write_text(json.dumps({"shards": shards}))
+    (version / _cache.READERS_LOCK_NAME).touch()
+    for i in range(3):
+        (version / f"shard-{i}.lmdb").write_bytes(b"\0" * 100)
+    part = version / "shard-3.lmdb.part-7-7-7"
+    part.write_bytes(b"\0" * 100)  # another process's download, reserved at full size
+    meta = (version / "manifest.json").stat().st_size + 32
+    limit = 5 * 100 + meta + 40  # room for five shards: the dataset of ten is windowed
+    real_stat = os.stat
+    renamed = []
+
+    looked_up = []
+
+    def stat_after_rename(path, *args, **kwargs):  # the download ends between a listing and this stat
+        if str(path) == str(part):
+            looked_up.append(path)
+            if len(looked_up) == at_stat:
+                os.rename(part, version / "shard-3.lmdb")
+                renamed.append(True)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(_cache.os, "stat", stat_after_rename)
+    window = _cache.make_room(cache, version, limit)
+    assert renamed or at_stat > 1, "the walk never reached the download's .part name"
+    assert window == limit  # nothing lies outside the version: it may hold the whole limit, not a byte more

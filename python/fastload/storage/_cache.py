@@ -236,14 +236,43 @@ def _set_window(version: Path, window: int | None) -> None:
     os.replace(part, version / WINDOW_NAME)
 
 
-def committed_bytes(cache_dir: Path) -> int:
-    """Return the bytes the cache holds or has promised: each version at least at the size it may grow to."""
-    versions = cached_versions(cache_dir)
-    sizes = {v: _tree_bytes(v) for v in versions}
-    total = _tree_bytes(cache_dir) - sum(sizes.values())  # what lies outside versions
-    for version in versions:
-        total += max(sizes[version], _promised(version))
-    return total
+def committed_bytes(cache_dir: Path, leaving_out: Path | None = None) -> int:
+    """Return the bytes the cache holds or has promised: each version at least at the size it may grow to.
+
+    ``leaving_out``: a version not counted (the one room is being made for); its files are not counted as
+    lying outside versions either.
+    """
+    versions = set(cached_versions(cache_dir))
+    if leaving_out is not None:
+        versions.add(leaving_out)
+    outside, sizes = _bytes_by_version(cache_dir, versions)
+    return outside + sum(max(size, _promised(v)) for v, size in sizes.items() if v != leaving_out)
+
+
+def _bytes_by_version(cache_dir: Path, versions: set[Path]) -> tuple[int, dict[Path, int]]:
+    """Return the bytes of the files outside ``versions`` and those of each version, from one walk of the cache.
+
+    One walk, not one of the cache and one per version subtracted from it: a download is renamed from its
+    ``.part`` name with no lock held, and a name listed before the rename and looked up after it is missed.
+    Missed by one walk and counted by another, it made the bytes outside versions look one shard smaller
+    than nothing, and a windowed version's room one shard larger than ``cache_limit`` allows.
+    """
+    sizes = dict.fromkeys(versions, 0)
+    outside = 0
+    for dirpath, _, files in os.walk(cache_dir):
+        parts = Path(dirpath).relative_to(cache_dir).parts
+        version = cache_dir / parts[0] / parts[1] if len(parts) >= 2 else None
+        bytes_here = 0
+        for name in files:
+            try:
+                bytes_here += os.stat(os.path.join(dirpath, name)).st_size
+            except OSError:  # removed (or renamed) meanwhile
+                pass
+        if version in sizes:
+            sizes[version] += bytes_here
+        else:
+            outside += bytes_here
+    return outside, sizes
 
 
 def _promised(version: Path) -> int:
@@ -265,17 +294,6 @@ def _full_size(version: Path) -> int:
     return sum(_shard_sizes(version))  # a damaged manifest: 0, it counts at what it holds
 
 
-def _tree_bytes(directory: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(directory):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(dirpath, name)).st_size
-            except OSError:  # removed meanwhile
-                pass
-    return total
-
-
 def make_room(cache_dir: Path, keep: Path, limit: int | None) -> int | None:
     """Make room for version ``keep`` within ``limit``; return its window, or None when all its shards fit.
 
@@ -292,8 +310,8 @@ def make_room(cache_dir: Path, keep: Path, limit: int | None) -> int | None:
     full = _full_size(keep) + _meta_bytes(keep)  # the shards and the version's own files (its manifest)
     largest = max((int(s) for s in _shard_sizes(keep)), default=0) + _meta_bytes(keep)
 
-    def others() -> int:  # every other version at what it may grow to
-        return committed_bytes(cache_dir) - max(_tree_bytes(keep), _promised(keep))
+    def others() -> int:  # every other version at what it may grow to, and what lies outside versions
+        return committed_bytes(cache_dir, leaving_out=keep)
 
     used = others()
     for version in sorted(cached_versions(cache_dir), key=_last_used):
