@@ -39,12 +39,26 @@ def test_samples_count_the_plan_since_the_last_reset(zstd_tiles, backend):
         next(it)
     assert loader.stats()["samples"] == 30
     loader.reset_stats()
-    assert loader.stats()["samples"] == 0
+    assert loader.stats()["samples"] == 0 and loader.stats()["batches"] == 0
     rest = list(it)
     assert len(rest) == 4 and loader.stats()["samples"] == 34 == sum(len(b["label"]) for b in rest)
+    assert loader.stats()["batches"] == 4
     dropped = ShardLoader(zstd_tiles, batch_size=10, backend=backend, drop_last=True)
     list(dropped)
     assert dropped.stats()["samples"] == 60
+    for rank in range(3):  # a rank of 3: ceil(64 / 3) = 22 positions, the last one padded, in batches of 10
+        ranked = ShardLoader(zstd_tiles, batch_size=10, backend=backend, rank=rank, world_size=3)
+        got = list(ranked)
+        assert ranked.stats()["samples"] == 22 == sum(len(b["label"]) for b in got)
+    loader = ShardLoader(zstd_tiles, batch_size=10, backend=backend)
+    it = iter(loader)
+    next(it)
+    next(it)
+    state = loader.state_dict()
+    resumed = ShardLoader(zstd_tiles, batch_size=10, backend=backend)
+    resumed.load_state_dict(state)
+    got = list(resumed)
+    assert resumed.stats()["samples"] == 44 == sum(len(b["label"]) for b in got)
 
 
 def test_a_slow_read_stage_is_named_the_bottleneck(zstd_tiles, slow_reads):

@@ -1,10 +1,9 @@
-"""reserve_room's accounting (storage/_window.py), without a server: what an eviction frees is what leaves the disk."""
+"""The cache's room, without a server: reserve_room's accounting (storage/_window.py), what an eviction frees is
+what leaves the disk; make_room's measure of the cache (storage/_cache.py) while downloads are renamed."""
 
 from __future__ import annotations
 
 import math
-
-import pytest
 
 from fastload.format._manifest import ShardInfo
 from fastload.storage._locks import FileLock
@@ -49,44 +48,48 @@ def test_a_shard_fits_beside_what_the_window_holds(tmp_path):
     assert not no_room.exists()
 
 
-@pytest.mark.parametrize("at_stat", [1, 2, 3])
-def test_a_download_renamed_while_the_cache_is_measured_never_widens_a_window(tmp_path, monkeypatch, at_stat):
+def test_a_download_renamed_while_the_cache_is_measured_never_widens_a_window(tmp_path, monkeypatch):
     """make_room measures the cache while other processes' downloads are renamed from their .part names
-    (no lock is held for a rename). A rename between listing a directory and stat-ing the name must not
-    make the room look larger: counted by one walk it can only be missed, and a version's own bytes count
-    at least at its window anyway. Two walks, one of the whole cache and one of the version, subtracted
-    from each other, gave one process a window of one shard too many (a cache over its limit)."""
+    (no lock is held for a rename). Wherever the rename falls among the file lookups of the measurement
+    (each run renames just before its k-th ``os.stat``, for every k the measurement reaches), the room comes
+    out right: a name listed before the rename and looked up after it is missed by the one walk, and a
+    version's own bytes count at least at its window anyway. Two walks, one of the whole cache and one of
+    the version, subtracted from each other, gave a window one shard larger than cache_limit (a cache over
+    its limit) or one shard smaller."""
     import json
     import os
 
     from fastload.storage import _cache
 
-    cache = tmp_path / "cache"
-    version = cache / ("ds-" + "0" * 16) / ("1" * 16)
-    version.mkdir(parents=True)
-    shards = [{"file": f"shard-{i}.lmdb", "bytes": 100} for i in range(10)]
-    (version / "manifest.json").write_text(json.dumps({"shards": shards}))
-    (version / _cache.READERS_LOCK_NAME).touch()
-    for i in range(3):
-        (version / f"shard-{i}.lmdb").write_bytes(b"\0" * 100)
-    part = version / "shard-3.lmdb.part-7-7-7"
-    part.write_bytes(b"\0" * 100)  # another process's download, reserved at full size
-    meta = (version / "manifest.json").stat().st_size + 32
-    limit = 5 * 100 + meta + 40  # room for five shards: the dataset of ten is windowed
     real_stat = os.stat
-    renamed = []
+    at_stat = 0
+    while True:
+        at_stat += 1
+        cache = tmp_path / f"cache-{at_stat}"
+        version = cache / ("ds-" + "0" * 16) / ("1" * 16)
+        version.mkdir(parents=True)
+        shards = [{"file": f"shard-{i}.lmdb", "bytes": 100} for i in range(10)]
+        (version / "manifest.json").write_text(json.dumps({"shards": shards}))
+        (version / _cache.READERS_LOCK_NAME).touch()
+        for i in range(3):
+            (version / f"shard-{i}.lmdb").write_bytes(b"\0" * 100)
+        part = version / "shard-3.lmdb.part-7-7-7"
+        part.write_bytes(b"\0" * 100)  # another process's download, reserved at full size
+        meta = (version / "manifest.json").stat().st_size + 32
+        limit = 5 * 100 + meta + 40  # room for five shards: the dataset of ten is windowed
+        calls = []
 
-    looked_up = []
+        def stat_after_rename(path, *args, _part=part, _calls=calls, _k=at_stat, **kwargs):
+            _calls.append(path)
+            if len(_calls) == _k and _part.exists():  # the download ends just before this lookup
+                os.rename(_part, _part.parent / "shard-3.lmdb")
+            return real_stat(path, *args, **kwargs)
 
-    def stat_after_rename(path, *args, **kwargs):  # the download ends between a listing and this stat
-        if str(path) == str(part):
-            looked_up.append(path)
-            if len(looked_up) == at_stat:
-                os.rename(part, version / "shard-3.lmdb")
-                renamed.append(True)
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(_cache.os, "stat", stat_after_rename)
-    window = _cache.make_room(cache, version, limit)
-    assert renamed or at_stat > 1, "the walk never reached the download's .part name"
-    assert window == limit  # nothing lies outside the version: it may hold the whole limit, not a byte more
+        monkeypatch.setattr(_cache.os, "stat", stat_after_rename)
+        window = _cache.make_room(cache, version, limit)
+        monkeypatch.undo()
+        if at_stat > len(calls):  # every lookup of the measurement has had a rename just before it
+            assert at_stat > 2
+            break
+        assert not part.exists()
+        assert window == limit, at_stat  # nothing lies outside the version: the whole limit, not a byte more

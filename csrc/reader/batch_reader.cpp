@@ -463,6 +463,16 @@ void BatchReader::refill_locked() {
   // work_ may still hold a finished job (a worker drops it once it finds no chunk left), even with
   // nothing in flight.
   if (idle_workers_ == 0 || work_.empty() || inflight_.empty()) return;
+  // A consumer back from a sleep left the workers only the last quarter of the window (wake_after_locked):
+  // workers that ran out of chunks meanwhile are woken for the first batch its takes submit, not once it
+  // has taken half the window. At most one wake per sleep, and none while every worker is busy (the common
+  // case: a consumer that sleeps is faster than the workers).
+  if (wake_workers_after_sleep_ &&
+      work_.back()->next_chunk.load(std::memory_order_relaxed) < work_.back()->num_chunks) {
+    wake_workers_after_sleep_ = false;
+    wake_locked();
+    return;
+  }
   // Idle workers are woken once half the window is left to them (batches not
   // yet taken up), or while the oldest batch has chunks nobody took (the
   // consumer is about to wait for it), not for every batch the window moves
@@ -514,6 +524,7 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
   }
   bool ready = inflight_.front()->chunks_left.load() == 0;
   if (!ready && timeout.count() > 0) {
+    wake_workers_after_sleep_ = true;
     consumer_wants_ = wake_after_locked();
     ready = done_cv_.wait_for(lock, timeout, [this] {
       return stop_ || inflight_.empty() || ready_locked(consumer_wants_) == consumer_wants_;

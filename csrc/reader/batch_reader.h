@@ -240,6 +240,7 @@ class BatchReader {
   size_t first_window_ = 1;
   bool delivered_any_ = false;                 // a batch was delivered (guarded by mutex_)
   size_t consumer_wants_ = 0;                  // leading batches the waiting consumer waits for; 0: not waiting
+  bool wake_workers_after_sleep_ = false;      // the consumer slept: idle workers get one wake for new work
   bool stop_ = false;
   size_t idle_workers_ = 0;  // workers blocked on work_cv_ (guarded by mutex_)
   std::atomic<bool> stop_flag_{false};  // stop_, readable without the lock between chunks

@@ -144,7 +144,7 @@ class EpochIterator:
         native = getattr(self._inner, "stats", None)
         if callable(native):
             stats.update(native())
-        stats.update({"batches": self.delivered, "samples": self._samples(), "wait_s": self._wait,
+        stats.update({"batches": self.delivered - self._counted_from, "samples": self._samples(), "wait_s": self._wait,
                       "wall_s": clock() - self._started})
         return stats
 

@@ -518,7 +518,9 @@ class ShardLoader:
     def stats(self) -> dict[str, Any]:
         """Return counters of the current (or last) pass and the stage that limits throughput.
 
-        Keys: batches, samples, wait_s (time the consumer waited for data),
+        Keys: batches, samples (those of the batches delivered, as the epoch plan
+        has them: a ``batch_transform`` that changes a batch's size is not counted),
+        wait_s (time the consumer waited for data),
         wall_s, wait_share, and for the native backend bytes_read,
         bytes_decoded, read_s, decompress_s, copy_s (summed over threads),
         ready_batches, prefaulted_bytes and prefault_s (fresh batch buffers the

@@ -258,7 +258,7 @@ class NativeEpoch:
     def _fast_path_until(self) -> int:
         """Return how many batches may be delivered by ``__next__``'s few steps: until the next plan is due.
 
-        None for pinned buffers (each batch its own), batches submitted one by one, or a field viewed as bfloat16.
+        0 (never) for pinned buffers (each batch its own), batches submitted one by one, or a field viewed as bfloat16.
         """
         if not self._planned or self._views is not None or self._bf16:
             return 0
