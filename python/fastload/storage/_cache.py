@@ -254,8 +254,8 @@ def _bytes_by_version(cache_dir: Path, versions: set[Path]) -> tuple[int, dict[P
 
     One walk, not one of the cache and one per version subtracted from it: a download is renamed from its
     ``.part`` name with no lock held, and a name listed before the rename and looked up after it is missed.
-    Missed by one walk and counted by another, it made the bytes outside versions look one shard smaller
-    than nothing, and a windowed version's room one shard larger than ``cache_limit`` allows.
+    Missed by one walk and counted by another, it took one shard off the bytes outside versions (below
+    zero), and a windowed version's room came out one shard larger than ``cache_limit`` allows.
     """
     sizes = dict.fromkeys(versions, 0)
     outside = 0
