@@ -20,7 +20,7 @@ from ._compose import ConcatShardDataset, ShardSubset
 from ._dataset import ShardDataset
 from ._device import CudaOps, DevicePrefetcher
 from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
-from ._native_backend import NativeEpoch, NativeSettings, SlotPoolKeeper, open_shards, shard_paths
+from ._native_backend import NativeEpoch, NativeSettings, SlotPoolKeeper, open_shards, record_fingerprints, shard_paths
 from ._native_groups import GroupedNativeEpoch, open_groups
 from ._plan import BatchIndices, EpochPlan
 from ._remote_shards import (
@@ -185,8 +185,7 @@ class ShardLoader:
         self.device, self.pin_memory = placement.device, placement.pin_memory
         self.num_threads, self.prefetch, self.backend = reading.num_threads, reading.prefetch, reading.backend
         check_dataset_class(self.dataset, self.backend)
-        check_cache_fits(self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset],
-                         self.shuffle, self._sampling)
+        check_cache_fits(self._parts(), self.shuffle, self._sampling)
         self.augment = Augment(self.dataset, transforms, layout, batch_transform, output, seed)
         self.verify_checksums = verify_checksums
         self._epoch = 0
@@ -337,6 +336,10 @@ class ShardLoader:
         """Return a pass over the next epoch; it fixes its epoch, split and position at its first ``next()``."""
         return EpochIterator(PassHooks(self._begin_pass, self._end_pass, self._next_pass_len))
 
+    def _parts(self) -> list[ShardDataset]:
+        """Return the datasets laid end to end in this loader's index space (one, unless it reads a concat)."""
+        return list(self.dataset.datasets) if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
+
     def _live_pass(self) -> EpochIterator | None:
         active = self._active() if self._active is not None else None
         return None if active is None or active.finished else active
@@ -373,7 +376,7 @@ class ShardLoader:
         else:
             assert self._sampler is not None and self._dataloader is not None
             self._sampler.configure(order, plan, epoch)
-            datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
+            datasets = self._parts()
             if len(plan) and shards_missing(datasets):  # fetch ahead in the order this rank's batches read
                 fetch_ahead(datasets, np.asarray(order.at(plan.positions_of_batches(0, len(plan)))), self.batch_size,
                             lead=self._dataloader.num_workers * (self._dataloader.prefetch_factor or 0))
@@ -417,7 +420,7 @@ class ShardLoader:
         Local shards of one layout only. A dataset that cannot be opened or read gets no warm-up: the first
         pass opens it again and raises its error there, as without one.
         """
-        datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
+        datasets = self._parts()
         if isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout:
             return None
         if any(is_remote_dataset(ds) for ds in datasets):
@@ -425,8 +428,7 @@ class ShardLoader:
         try:
             shards = open_shards(datasets)
             return start_warm_up(shards, datasets[0], self.batch_size, self._native_settings(False), self.augment,
-                                 [f for ds in datasets for f in ds.manifest.record_fingerprints()],
-                                 shard_paths(datasets))
+                                 record_fingerprints(datasets), shard_paths(datasets))
         except Exception:  # noqa: BLE001 - raised again, where it always was, by the first pass
             _log.debug("no warm-up for %r", self, exc_info=True)
             return None
@@ -434,7 +436,7 @@ class ShardLoader:
     def _iter_native(self, order: EpochOrder | ArrayOrder, plan: EpochPlan, epoch: int) -> Iterator[Batch]:
         if len(plan) == 0:
             return iter(())
-        datasets = self.dataset.datasets if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
+        datasets = self._parts()
         grouped = isinstance(self.dataset, ConcatShardDataset) and not self.dataset.same_layout
         if self._shards is None:
             self._shards = open_groups(self.dataset) if grouped else open_shards(datasets)  # type: ignore[arg-type]
@@ -461,7 +463,7 @@ class ShardLoader:
         else:
             epoch_batches = NativeEpoch(self._shards, datasets[0], len(plan), self.batch_size, batch_indices,
                                         settings, self.augment, epoch,
-                                        [f for ds in datasets for f in ds.manifest.record_fingerprints()])
+                                        record_fingerprints(datasets))
         if isinstance(self.dataset, ConcatShardDataset) and self.dataset.with_source:
             epoch_batches = WithSource(epoch_batches, self.dataset, batch_indices)
         return epoch_batches

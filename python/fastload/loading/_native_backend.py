@@ -113,6 +113,11 @@ def shard_paths(datasets: Sequence[ShardDataset]) -> list[str]:
     return [str(ds.path / s.file) for ds in datasets for s in ds.manifest.shards]
 
 
+def record_fingerprints(datasets: Sequence[ShardDataset]) -> list[int]:
+    """Return what the records of every shard of ``datasets`` carry, in the order of :func:`shard_paths`."""
+    return [f for ds in datasets for f in ds.manifest.record_fingerprints()]
+
+
 def open_shards(datasets: ShardDataset | Sequence[ShardDataset]) -> Any:
     """Map and validate every shard of ``datasets`` in the native core, or reuse this process's open set.
 

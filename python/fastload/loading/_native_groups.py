@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ._compose import ConcatShardDataset
-from ._native_backend import NativeEpoch, NativeSettings, open_shards
+from ._native_backend import NativeEpoch, NativeSettings, open_shards, record_fingerprints
 from ._remote_shards import RemoteShardSet
 
 
@@ -49,7 +49,7 @@ def open_groups(concat: ConcatShardDataset) -> list[Any]:
 
 def _fingerprints(concat: ConcatShardDataset, group: list[int]) -> list[int]:
     """Return what the records of each shard of one group's shard set carry, in its shards' order."""
-    return [f for j in group for f in concat.datasets[j].manifest.record_fingerprints()]
+    return record_fingerprints([concat.datasets[j] for j in group])
 
 
 class GroupedNativeEpoch:
