@@ -9,7 +9,8 @@ builds the loader (timed), runs 1 + 5 epochs and reports the median of the last 
 Printed: per configuration, the median over rounds of each install and after/before with the spread.
 
 ``--first-epoch`` compares first epochs instead (issue 26): each fresh process is
-``first_epoch_child.py`` (epochs 1 to 4, ``prefetch="auto"``), at 1 and 2 threads; printed per install,
+``first_epoch_child.py`` (epochs 1 to 4, ``prefetch="auto"``), at 1 and 2 threads, iterating the moment the
+loader is built or, with ``--setup-s S``, after S seconds of sleep (a model built meanwhile); printed per install,
 the median first / steady ratio with its spread, the first epoch's samples/s and the process's CPU
 seconds in it (on a virtual machine, first touches of fresh memory show there).
 """
@@ -17,6 +18,7 @@ seconds in it (on a virtual machine, first touches of fresh memory show there).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -69,9 +71,9 @@ def run(site: str, path: Path, backend: str, workers: int) -> dict:
     return json.loads(done.stdout)
 
 
-def run_first_epoch(site: str, path: Path, backend: str, threads: int) -> dict:
+def run_first_epoch(site: str, path: Path, backend: str, threads: int, setup_s: float = 0.0) -> dict:
     """One fresh process of ``first_epoch_child.py``: its first epoch against its steady state."""
-    done = subprocess.run([sys.executable, str(FIRST_EPOCH_CHILD), str(path), str(threads), "auto", "4"],
+    done = subprocess.run([sys.executable, str(FIRST_EPOCH_CHILD), str(path), str(threads), "auto", "4", str(setup_s)],
                           env=site_env(site), capture_output=True, text=True, timeout=600, check=True)
     epochs = json.loads(done.stdout)["epochs"]
     steady = statistics.median(e["samples_per_s"] for e in epochs[1:])
@@ -103,8 +105,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", default="", help="run only configurations whose name contains this")
     parser.add_argument("--first-epoch", action="store_true", help="compare first epochs against steady state")
+    parser.add_argument("--setup-s", type=float, default=0.0,
+                        help="with --first-epoch: seconds between building the loader and iterating it")
     args = parser.parse_args()
-    configs, runner = (FIRST_EPOCH_CONFIGS, run_first_epoch) if args.first_epoch else (CONFIGS, run)
+    if args.setup_s < 0:
+        parser.error("--setup-s must be at least 0")
+    configs, runner = ((FIRST_EPOCH_CONFIGS, functools.partial(run_first_epoch, setup_s=args.setup_s))
+                       if args.first_epoch else (CONFIGS, run))
     datasets = {d.name: d for d in all_datasets()}
     results: dict[tuple, dict[str, list[dict]]] = {}
     for r in range(args.rounds):
