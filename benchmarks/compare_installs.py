@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -108,8 +109,10 @@ def main() -> None:
     parser.add_argument("--setup-s", type=float, default=0.0,
                         help="with --first-epoch: seconds between building the loader and iterating it")
     args = parser.parse_args()
-    if args.setup_s < 0:
-        parser.error("--setup-s must be at least 0")
+    if not (math.isfinite(args.setup_s) and args.setup_s >= 0):
+        parser.error(f"--setup-s must be a finite number of seconds, at least 0, not {args.setup_s}")
+    if args.setup_s and not args.first_epoch:
+        parser.error("--setup-s applies to --first-epoch only")
     configs, runner = ((FIRST_EPOCH_CONFIGS, functools.partial(run_first_epoch, setup_s=args.setup_s))
                        if args.first_epoch else (CONFIGS, run))
     datasets = {d.name: d for d in all_datasets()}
