@@ -56,11 +56,16 @@ def run_child(path: Path, threads: str, prefetch: str = "auto", setup_s: str = "
 @pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize("ds", CASES, ids=lambda d: d.name)
 def test_first_epoch(benchmark, ds, threads, setup_s):
+    measure_fresh_processes(benchmark, f"first-epoch-{ds.name}", ds, threads, setup_s)
+
+
+def measure_fresh_processes(benchmark, group: str, ds: BenchDataset, threads: str, setup_s: str) -> None:
+    """Run PROCESSES fresh children on ``ds``, page cache warm, and record their figures in the benchmark."""
     path = ensure(ds)
     for p in path.iterdir():  # page cache warm: read once by another process than the measured one
         p.read_bytes()
     runs: list[dict] = []
-    benchmark.group = f"first-epoch-{ds.name}"
+    benchmark.group = group
     benchmark.pedantic(lambda: runs.extend(run_child(path, threads, setup_s=setup_s) for _ in range(PROCESSES)),
                        rounds=1, warmup_rounds=0)
     benchmark.extra_info.update(first_epoch_figures(ds, runs, threads, setup_s))
@@ -113,14 +118,7 @@ def test_first_epoch_long(benchmark, ds, threads):
     What ``test_first_epoch`` records, on 10 times the small records and 5 times the tiles (raw): whether
     the first epoch's shortfall there is a fixed start-up cost that a longer epoch absorbs.
     """
-    path = ensure(ds)
-    for p in path.iterdir():  # page cache warm: read once by another process than the measured one
-        p.read_bytes()
-    runs: list[dict] = []
-    benchmark.group = f"first-epoch-long-{ds.name}"
-    benchmark.pedantic(lambda: runs.extend(run_child(path, threads) for _ in range(PROCESSES)),
-                       rounds=1, warmup_rounds=0)
-    benchmark.extra_info.update(first_epoch_figures(ds, runs, threads, "0"))
+    measure_fresh_processes(benchmark, f"first-epoch-long-{ds.name}", ds, threads, "0")
 
 
 FFCV_CASES = [ds for ds in CASES if ds.name in ("small-raw", "tiles-raw")]
