@@ -14,14 +14,30 @@ Per batch: the distinct shards it reads, the distinct labels it holds, and the s
 original indices (their standard deviation over that of the whole index space: 1.0 for a uniform
 draw, small when a batch comes from a few neighbouring shards). Medians over the epoch's batches.
 Only order arithmetic: no file is read.
+
+:func:`class_mixing` measures the same end to end, on files (issue 42): ten class folders
+converted by ``preprocess_tiles --labels-from-dirs`` in both write orders (``--order source``:
+class after class; ``--order shuffled``, the default), 25 shards, read by ``ShardLoader`` with
+the global shuffle and with ``shuffle_window=4``: the distinct labels per batch, the classes a
+window holds by the manifest's ``shard_labels`` (what the loader's warning reports), and whether
+the loader warned. ``python benchmarks/shuffle_quality.py --classes`` prints it.
 """
 
 from __future__ import annotations
 
+import sys
+import tempfile
 import time
+import warnings
+from pathlib import Path
 
 import numpy as np
 
+import fastload
+from fastload.conversion.preprocess import main as preprocess_main
+from fastload.errors import FastloadWarning
+from fastload.format._manifest import load_manifest, shard_label_sets
+from fastload.sampling._class_mix import window_coverage
 from fastload.sampling._sampling import permutation_at
 from fastload.sampling._windows import ShardWindowSampling
 
@@ -82,8 +98,72 @@ def expected_distinct(k: int, draws: int = BATCH) -> float:
     return k * (1 - (1 - 1 / k) ** draws)
 
 
+# The class-mixing run: class folders, images per class, samples per shard, batch, shuffle_window (issue 42's case).
+MIX_CLASSES, MIX_PER_CLASS, MIX_SHARD, MIX_BATCH, MIX_WINDOW = 10, 250, 100, 64, 4
+
+
+def class_folders(root: Path, classes: int = MIX_CLASSES, per_class: int = MIX_PER_CLASS) -> Path:
+    """Write ``classes`` folders of ``per_class`` 8x8 RGB PNG images under ``root`` and return it."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"class{c:02d}").mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(root / f"class{c:02d}" / f"{i}.png")
+    return root
+
+
+def class_mixing(workdir: Path | None = None) -> list[dict[str, object]]:
+    """Return, per write order and epoch order, the class mixing of batches read from a converted class-folder set.
+
+    Keys: ``order`` (the write order), ``read`` (``global`` or ``window=K``), ``labels_median`` and
+    ``labels_mean`` (distinct labels per batch), ``window_classes`` (the expected classes of a window by
+    ``shard_labels``; None for the global shuffle), ``warned`` (the loader's FastloadWarning), ``convert_s``.
+    """
+    with tempfile.TemporaryDirectory(prefix="fastload-class-mixing-", dir=workdir) as tmp:
+        data = class_folders(Path(tmp) / "data")
+        rows: list[dict[str, object]] = []
+        for order in ("source", "shuffled"):
+            out = Path(tmp) / order
+            start = time.perf_counter()
+            assert preprocess_main(["--data-dir", str(data), "--output-dir", str(out), "--labels-from-dirs",
+                                    "--samples-per-shard", str(MIX_SHARD), "--order", order, "--no-progress"]) == 0
+            convert_s = time.perf_counter() - start
+            labels = shard_label_sets(load_manifest(out))
+            assert labels is not None
+            for window in (None, MIX_WINDOW):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    loader = fastload.ShardLoader(str(out), batch_size=MIX_BATCH, shuffle=True, seed=0,
+                                                  shuffle_window=window, drop_last=True)
+                distinct = [len(np.unique(batch["label"].numpy())) for batch in loader]
+                rows.append({"order": order, "read": "global" if window is None else f"window={window}",
+                             "labels_median": float(np.median(distinct)), "labels_mean": float(np.mean(distinct)),
+                             "window_classes": None if window is None else window_coverage(labels[1], window),
+                             "warned": any(issubclass(w.category, FastloadWarning) for w in caught),
+                             "convert_s": convert_s})
+    return rows
+
+
+def print_class_mixing(rows: list[dict[str, object]]) -> None:
+    """Print :func:`class_mixing`'s rows in Markdown."""
+    shards = MIX_CLASSES * MIX_PER_CLASS // MIX_SHARD
+    print(f"{MIX_CLASSES} class folders of {MIX_PER_CLASS} images, {shards} shards of {MIX_SHARD}, batch {MIX_BATCH}; "
+          f"uniform draws: {expected_distinct(MIX_CLASSES, MIX_BATCH):.1f} distinct labels expected")
+    print("| written | read | labels per batch (median) | (mean) | classes in a window (shard_labels) | warned |")
+    print("|---|---|---:|---:|---:|---|")
+    for row in rows:
+        window = "" if row["window_classes"] is None else f"{row['window_classes']:.1f}"
+        print(f"| --order {row['order']} | {row['read']} | {row['labels_median']:.0f} | {row['labels_mean']:.2f} | "
+              f"{window} | {'yes' if row['warned'] else 'no'} |")
+
+
 def main() -> None:
-    """Print the table in Markdown."""
+    """Print the table in Markdown (with ``--classes``: the class-mixing table of converted datasets)."""
+    if "--classes" in sys.argv[1:]:
+        print_class_mixing(class_mixing())
+        return
     print(f"{N:,} samples, {CLASSES} classes, shards of {SHARD}, batch {BATCH}; medians over the batches")
     print("| order | shards in the working set | order per epoch | shards per batch | labels per batch, "
           "sorted shards | labels per batch, mixed shards | index spread |")

@@ -155,6 +155,29 @@ def test_shuffle_window_quality(benchmark):
     shuffle_quality.main()
 
 
+def test_write_order_class_mixing(benchmark, tmp_path):
+    """Distinct labels per batch of a class-folder dataset written in source or shuffled order (issue 42)."""
+    rows: list[dict] = []
+    benchmark.group = "write-order-class-mixing"
+    cpu = time.process_time()
+    with MemorySampler() as memory:
+        benchmark.pedantic(lambda: rows.extend(shuffle_quality.class_mixing(tmp_path)), rounds=1, warmup_rounds=0)
+    for row in rows:
+        for key, value in row.items():
+            benchmark.extra_info[f"{row['order']}_{row['read']}_{key}"] = value
+    samples = shuffle_quality.MIX_CLASSES * shuffle_quality.MIX_PER_CLASS
+    convert_s = sum(row["convert_s"] for row in rows) / 2
+    benchmark.extra_info.update({"samples_per_s": 2 * samples / convert_s, "mb_per_s": 0.0,
+                                 "first_batch_s": 0.0, "peak_rss_mb": memory.peak_rss / 2**20,
+                                 "cpu_s": time.process_time() - cpu})
+    got = {(row["order"], row["read"]): row for row in rows}
+    window = f"window={shuffle_quality.MIX_WINDOW}"
+    assert got[("source", window)]["warned"] and not got[("shuffled", window)]["warned"]
+    assert got[("shuffled", window)]["labels_median"] >= got[("shuffled", "global")]["labels_median"] - 1
+    assert got[("source", window)]["labels_median"] < got[("shuffled", window)]["labels_median"]
+    shuffle_quality.print_class_mixing(rows)
+
+
 def policy_cpu_s(loader: ShardLoader, rounds: int = 9) -> float:
     """Return the median thread CPU seconds to compute one epoch's sample indices (what the reader is handed)."""
     from fastload import _native

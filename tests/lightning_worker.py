@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -97,13 +98,27 @@ def write(out: str, steps: list[dict], extra: dict) -> None:
     Path(f"{out}.rank{extra['rank']}.json").write_text(json.dumps({"steps": steps, **extra}))
 
 
+class KillAt(Callback):
+    """SIGKILLs every rank once training reaches ``step``: a job killed mid-epoch (after an earlier checkpoint)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step >= self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def run_lightning(args: argparse.Namespace) -> None:
     if args.datamodule == "fastload":
+        remote = json.loads(Path(args.remote).read_text()) if args.remote else {}  # storage arguments, a window
         datamodule = fastload.ShardDataModule(args.data, batch_size=BATCH, shuffle=True, seed=SEED, num_threads=2,
-                                              backend=args.backend, num_workers=0)
+                                              backend=args.backend, num_workers=0, **remote)
     else:
         datamodule = UserDataModule(args.data, args.backend)
     callbacks: list[Callback] = [Recorder(args.out)]
+    if args.kill_at_step:
+        callbacks.append(KillAt(args.kill_at_step))
     for k in args.ckpt_every:
         callbacks.append(ModelCheckpoint(dirpath=Path(args.ckpt_dir) / f"every{k}", every_n_train_steps=k,
                                          save_top_k=-1, filename="{step}"))
@@ -170,6 +185,8 @@ def main() -> argparse.Namespace:
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--datamodule", choices=["user", "fastload"], default="user")
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--remote", default="", help="a JSON file of ShardDataModule storage arguments")
+    parser.add_argument("--kill-at-step", type=int, default=0)
     args = parser.parse_args()
     {"lightning": run_lightning, "plain": run_plain, "fabric": run_fabric}[args.mode](args)
     return args

@@ -100,7 +100,7 @@ def test_preprocess_tiles_codec_auto_records_its_choice(tmp_path):
     Image.fromarray(skimage.data.astronaut()).save(src / "a.png")
     out = tmp_path / "out"
     r = run_cli("preprocess_tiles", "--data-dir", str(src), "--output-dir", str(out), "--tile-size", "64",
-                "--codec", "auto", "--prefer", "size", "--no-progress", check=True)
+                "--codec", "auto", "--prefer", "size", "--no-progress", "--order", "source", check=True)
     assert "codec auto (size) for 'image': png (tried raw 1.00x" in r.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["schema"][0]["codec"] == "png"

@@ -180,7 +180,7 @@ def test_an_error_in_one_sample_does_not_wait_for_a_stuck_worker(tmp_path):
         from fastload.conversion._dataset_writer import PreprocessError
         try:
             fastload.write_dataset(Tiles(stuck_at=(40,), fail_at=20), {str(tmp_path / "out")!r}, samples_per_shard=64,
-                                   workers=2, names=("image", "label"), progress=False)
+                                   workers=2, names=("image", "label"), progress=False, order="source")
         except PreprocessError as err:
             print("error:", err, flush=True)
         print("workers left:", len(multiprocessing.active_children()), flush=True)

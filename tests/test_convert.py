@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 import fastload
+from fastload.conversion._write_order import WRITE_EPOCH, write_permutation
 from fastload.errors import SchemaMismatchError
 
 
@@ -68,8 +69,11 @@ def test_map_style_torch_dataset_is_identical_for_any_worker_count(tmp_path):
     ds = fastload.ShardDataset(outs[1])
     assert [(f.name, f.dtype, f.shape, f.codec) for f in ds.schema] == [("image", "uint8", (3, 16, 16), "zstd"),
                                                                          ("label", "int64", (), "raw")]
-    for i in (0, 29, 30, 150, 299):
-        assert np.array_equal(ds[i]["image"].numpy(), tile(i)) and int(ds[i]["label"]) == i % 5
+    order = write_permutation(0, 300)  # the default order: position p holds sample order.at(p)
+    assert m.extra["order"] == {"kind": "shuffled", "seed": 0, "version": 1, "epoch": WRITE_EPOCH}
+    for p in (0, 29, 30, 150, 299):
+        i = int(order.at(np.array([p]))[0])
+        assert np.array_equal(ds[p]["image"].numpy(), tile(i)) and int(ds[p]["label"]) == i % 5
 
 
 def test_iterable_torch_dataset_with_dict_samples(tmp_path):
@@ -83,7 +87,8 @@ def test_iterable_torch_dataset_with_dict_samples(tmp_path):
 
 def test_huggingface_datasets_map_style_and_iterable(tmp_path):
     hf = datasets.Dataset.from_dict({"image": [tile(i) for i in range(40)], "label": [i % 3 for i in range(40)]})
-    m = fastload.write_dataset(hf, tmp_path / "map", samples_per_shard=16, workers=2, progress=False)
+    m = fastload.write_dataset(hf, tmp_path / "map", samples_per_shard=16, workers=2, progress=False,
+                               order="source")
     assert m.total == 40 and [f.name for f in m.fields] == ["image", "label"]
     ds = fastload.ShardDataset(tmp_path / "map")
     assert np.array_equal(ds[33]["image"].numpy(), tile(33)) and int(ds[33]["label"]) == 0
@@ -176,7 +181,7 @@ class Photos(torch.utils.data.Dataset):
 
 def test_write_dataset_png_and_jpeg_with_layout_and_per_field_codecs(tmp_path):
     m = fastload.write_dataset(Photos(), tmp_path / "png", codec={"image": "png"}, layout="hwc",
-                               samples_per_shard=16, progress=False)
+                               samples_per_shard=16, progress=False, order="source")
     assert [(f.name, f.codec, dict(f.codec_options)) for f in m.fields] == [
         ("image", "png", {"layout": "hwc", "level": 6}), ("label", "raw", {})]
     ds = fastload.ShardDataset(tmp_path / "png")
@@ -185,7 +190,7 @@ def test_write_dataset_png_and_jpeg_with_layout_and_per_field_codecs(tmp_path):
                                progress=False)  # a single codec: arrays get it, scalars stay raw; chw guessed
     assert [(f.codec, f.codec_options.get("layout")) for f in m.fields] == [("png", "chw"), ("raw", None)]
     m = fastload.write_dataset(Photos(), tmp_path / "jpeg", codec={"image": "jpeg"}, layout="hwc", quality=95,
-                               subsampling="444", progress=False)
+                               subsampling="444", progress=False, order="source")
     assert dict(m.fields[0].codec_options) == {"layout": "hwc", "quality": 95, "subsampling": "444"}
     got = fastload.ShardDataset(tmp_path / "jpeg")[3]["image"].numpy().astype(int)
     assert np.abs(got - photo(3)).mean() < 3
@@ -199,7 +204,7 @@ def test_write_dataset_png_and_jpeg_with_layout_and_per_field_codecs(tmp_path):
 def test_write_dataset_codec_auto_prints_and_records_its_choice(tmp_path, capsys, iterable):
     source = Photos() if not iterable else (Photos()[i] for i in range(40))
     m = fastload.write_dataset(source, tmp_path / "auto", codec="auto", layout="hwc", prefer="size",
-                               samples_per_shard=16, progress=True)
+                               samples_per_shard=16, progress=True, order="source")
     out = capsys.readouterr().out
     assert "codec auto (size) for 'image':" in out and "jpeg" not in out  # lossy only with lossy_ok
     choice = m.provenance["codec_choice"]["image"]

@@ -47,7 +47,7 @@ def test_stacks_are_read_in_chunks_and_equal_the_source(tmp_path, stacks, monkey
     real = _hdf5.encode_stack_rows
     monkeypatch.setattr(_hdf5, "encode_stack_rows", lambda *a: calls.append(a[3:]) or real(*a))
     argv = ["--data-dir", str(data), "--output-dir", str(tmp_path / "o"), "--no-progress", "--h5-dataset", "images",
-            "--h5-labels", "labels", "--codec", "zstd", "--samples-per-shard", "20"]
+            "--h5-labels", "labels", "--codec", "zstd", "--samples-per-shard", "20", "--order", "source"]
     assert preprocess_main(argv) == 0
     assert calls[:5] == [(0, 8), (8, 16), (16, 24), (24, 32), (32, 37)] and calls[5] == (0, 8)
     monkeypatch.setattr(_hdf5, "encode_stack_rows", real)
@@ -89,7 +89,7 @@ def test_hdf5_rasters_are_tiled_like_other_images(tmp_path):
     scene = rng.integers(0, 60000, size=(4, 64, 96)).astype(np.uint16)  # bands first
     with h5py.File(data / "scene.hdf5", "w") as f:
         f.create_dataset("bands", data=scene, chunks=(1, 32, 32), compression="lzf")
-    r = preprocess(data, tmp_path / "o", "--tile-size", "32")
+    r = preprocess(data, tmp_path / "o", "--tile-size", "32", "--order", "source")
     assert r.returncode == 0, r.stderr
     ds = fastload.ShardDataset(tmp_path / "o")
     assert len(ds) == 6 and ds.schema[0].shape == (4, 32, 32)

@@ -72,7 +72,7 @@ def test_tiles_of_photographs_equal_numpy_slices(tmp_path, photo_dir, edge, layo
     out = tmp_path / "out"
     run_cli("preprocess_tiles", "--data-dir", str(photo_dir), "--output-dir", str(out), "--tile-size", "96",
             "--stride", "80", "--edge", edge, "--layout", layout, "--codec", codec, "--samples-per-shard", "50",
-            "--labels-from-dirs", check=True)
+            "--labels-from-dirs", "--order", "source", check=True)
     ds = fastload.ShardDataset(out)
     expected = list(expected_tiles(photo_dir, 96, 80, edge, layout))
     assert len(ds) == len(expected) > 50
@@ -90,7 +90,7 @@ def test_tiles_of_photographs_equal_numpy_slices(tmp_path, photo_dir, edge, layo
 def test_tiles_of_multiband_uint16_rasters(tmp_path, raster_dir, codec):
     out = tmp_path / "out"
     run_cli("preprocess_tiles", "--data_dir", str(raster_dir), "--output_dir", str(out), "--tile-size", "32x48",
-            "--stride", "30x40", "--codec", codec, check=True)
+            "--stride", "30x40", "--codec", codec, "--order", "source", check=True)
     ds = fastload.ShardDataset(out)
     assert ds.schema[0].dtype == "uint16" and ds.schema[0].shape == (6, 32, 48)
     i = 0
@@ -159,7 +159,7 @@ def test_labels_from_csv(tmp_path, raster_dir):
     csv.write_text("path,label\n" + "".join(f"{p.name},{i % 3}\n" for i, p in enumerate(sorted(raster_dir.iterdir()))))
     out = tmp_path / "out"
     run_cli("preprocess_tiles", "--data-dir", str(raster_dir), "--output-dir", str(out), "--labels", str(csv),
-            check=True)
+            "--order", "source", check=True)
     ds = fastload.ShardDataset(out)
     assert [int(ds[i]["label"]) for i in range(len(ds))] == [0, 1, 2, 0, 1]
 

@@ -90,7 +90,7 @@ def test_uint16_to_float16_overflow_names_float32(tmp_path):
     (("--level", "5"), "--level 5 has no effect with --codec raw"),
     (("--shard-size", "512"), "'512' has no unit; write e.g. 512MB"),
     (("--edge", "pad"), "--edge needs --tile-size"),
-    (("--seed", "3"), "--seed needs --val-fraction"),
+    (("--seed", "3", "--order", "source"), "--seed needs --val-fraction or --order shuffled"),
     (("--label-column", "y"), "--label-column needs --labels"),
     (("--val-fraction", "1.5"), "--val-fraction must be between 0 and 1"),
 ])
@@ -153,7 +153,7 @@ def test_images_failing_only_in_decoding_are_all_listed(tmp_path, mixed_sizes):
         (data / name).write_bytes(png)
     for name in ("b.png", "d.png"):
         (data / name).write_bytes(corrupt_png_data(png))
-    r = preprocess(data, tmp_path / "o", "--tile-size", "256", "--samples-per-shard", "4")
+    r = preprocess(data, tmp_path / "o", "--tile-size", "256", "--samples-per-shard", "4", "--order", "source")
     assert r.returncode == 1
     assert "2 image(s) failed to decode" in r.stderr and "b.png" in r.stderr and "d.png" in r.stderr
     assert "--skip-bad" in r.stderr and "--resume" in r.stderr

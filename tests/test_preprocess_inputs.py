@@ -36,7 +36,7 @@ def test_bands_first_npy_scenes_are_tiled_as_bands(tmp_path):
     scenes = [rng.integers(0, 60000, size=(5, 256, 256)).astype(np.uint16) for _ in range(2)]
     for i, s in enumerate(scenes):
         np.save(data / f"scene{i}.npy", s)
-    r = preprocess(data, tmp_path / "o", "--tile-size", "64")
+    r = preprocess(data, tmp_path / "o", "--tile-size", "64", "--order", "source")
     assert r.returncode == 0, r.stderr
     ds = fastload.ShardDataset(tmp_path / "o")
     assert ds.schema[0].shape == (5, 64, 64) and len(ds) == 2 * 16

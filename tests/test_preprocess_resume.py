@@ -42,10 +42,10 @@ def test_resume_of_an_interrupted_run_with_other_options_is_refused(tmp_path, sc
         (data / p.name).write_bytes(p.read_bytes())
     np.save(data / "s9.npy", np.full((128, 128), 300, np.uint16))  # does not fit uint8: the run stops here
     out = tmp_path / "o"
-    r = preprocess(data, out, "--dtype", "uint8", "--samples-per-shard", "1")
+    r = preprocess(data, out, "--dtype", "uint8", "--samples-per-shard", "1", "--order", "source")
     assert r.returncode == 1 and "s9.npy" in r.stderr
     assert len(json.loads((out / ".progress.json").read_text())["shards"]) == 4
-    r = preprocess(data, out, "--dtype", "uint16", "--samples-per-shard", "2", "--resume")
+    r = preprocess(data, out, "--dtype", "uint16", "--samples-per-shard", "2", "--order", "source", "--resume")
     assert r.returncode == 2
     assert "--dtype: recorded uint8, now uint16" in r.stderr and "--samples-per-shard: recorded 1, now 2" in r.stderr
 

@@ -115,7 +115,7 @@ def test_labels_from_a_csv_and_hdf5_stacks(s3, tmp_path, remote_pngs, two_class_
     csv.write_text("path,label\n" + "".join(f"{p},{i % 3}\n" for i, p in enumerate(relpaths)))
     out = tmp_path / "labelled"
     done = run_cli("preprocess_tiles", "--data-dir", remote_pngs, "--output-dir", str(out), "--labels", str(csv),
-                   env=s3_env(s3))
+                   "--order", "source", env=s3_env(s3))
     assert done.returncode == 0, done.stderr
     ds = fastload.ShardDataset(out)
     assert [int(ds[i]["label"]) for i in range(len(ds))] == [i % 3 for i in range(len(relpaths))]
@@ -157,7 +157,8 @@ def test_a_server_that_dies_mid_conversion_is_a_typed_error_and_nothing_looks_co
     monkeypatch.setenv("FASTLOAD_TEST_SHARD_DELAY", "0.5")
     out = tmp_path / "out"
     args = build_parser().parse_args(["--data-dir", url, "--output-dir", str(out), "--tile-size", "32",
-                                      "--labels-from-dirs", "--shard-size", "10KB", "--no-progress"])
+                                      "--labels-from-dirs", "--shard-size", "10KB", "--no-progress",
+                                      "--order", "source"])  # sources still read after the first shard
     args.storage_options = short_retries(endpoint)
 
     def stop_after_the_first_shard() -> None:

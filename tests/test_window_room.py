@@ -1,5 +1,5 @@
 """The cache's room, without a server: reserve_room's accounting (storage/_window.py), what an eviction frees is
-what leaves the disk; make_room's measure of the cache (storage/_cache.py) while downloads are renamed."""
+what leaves the disk; make_room's measure of the cache (storage/_room.py) while downloads are renamed."""
 
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ def test_a_download_renamed_while_the_cache_is_measured_never_widens_a_window(tm
     import json
     import os
 
-    from fastload.storage import _cache
+    from fastload.storage import _cache, _room
 
-    real_stat = os.stat
+    real_stat = os.lstat
     at_stat = 0
     while True:
         at_stat += 1
@@ -85,11 +85,12 @@ def test_a_download_renamed_while_the_cache_is_measured_never_widens_a_window(tm
                 os.rename(_part, _part.parent / "shard-3.lmdb")
             return real_stat(path, *args, **kwargs)
 
-        monkeypatch.setattr(_cache.os, "stat", stat_after_rename)
-        window = _cache.make_room(cache, version, limit)
+        monkeypatch.setattr(_room.os, "lstat", stat_after_rename)
+        outside = _room.committed_bytes(cache, leaving_out=version)  # what make_room leaves the version
         monkeypatch.undo()
         if at_stat > len(calls):  # every lookup of the measurement has had a rename just before it
             assert at_stat > 2
             break
         assert not part.exists()
-        assert window == limit, at_stat  # nothing lies outside the version: the whole limit, not a byte more
+        assert outside == 0, at_stat  # nothing lies outside the version: the whole limit is its, not a byte more
+        assert _room.make_room(cache, version, limit) == limit  # windowed, with all the room until a reader claims

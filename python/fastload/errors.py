@@ -100,6 +100,10 @@ class CorruptShardError(DatasetError):
     Called with one argument, that is the whole message, rebuilt in another process: torch's DataLoader
     re-raises a worker's error as its type called with the worker's formatted traceback (which names the
     shard); ``path`` is then empty.
+
+    A remote dataset's cached copy is healed first (downloaded again when it no longer matches its
+    manifest, ``storage/_heal.py``); raised for it, the message ends with what to run
+    (``fastload verify <url>``) or which file to delete.
     """
 
     def __init__(self, path: str, message: str | None = None) -> None:
@@ -111,7 +115,8 @@ class CorruptRecordError(FastloadError):
     """One record failed to decode: bad magic, a length out of bounds, a checksum mismatch...
 
     Called with one argument, that is the whole message, rebuilt in another process (see
-    CorruptShardError); ``path`` is then empty and ``record`` -1.
+    CorruptShardError); ``path`` is then empty and ``record`` -1. A remote dataset's cached copy is
+    healed first, as for CorruptShardError; raised for it, the message says what to do.
     """
 
     def __init__(self, path: str, record: int | None = None, reason: str | None = None) -> None:

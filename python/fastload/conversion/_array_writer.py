@@ -18,13 +18,15 @@ from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import Field, RecordEncoder
 from ._auto import Choice, choose_codec, sample_indices
 from ._samples import check_sample_bytes
+from ._shard_labels import label_histogram, shard_labels_doc
 from ._shard_writer import dataset_id, write_shard
+from ._write_order import check_order, check_seed, order_doc, write_permutation
 
 
 def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], codec: str | Mapping[str, str] = "raw",
                  level: int | None = None, samples_per_shard: int = 1024, overwrite: bool = False, *,
                  layout: str | None = None, quality: int | None = None, subsampling: str | None = None,
-                 prefer: str = "balanced", lossy_ok: bool = False) -> Manifest:
+                 prefer: str = "balanced", lossy_ok: bool = False, order: str = "source", seed: int = 0) -> Manifest:
     """Write ``arrays`` (field name -> array of shape ``[N, *field shape]``) as a dataset in ``out_dir``.
 
     ``codec`` is one codec for every field or a mapping per field (fields not
@@ -35,7 +37,13 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     codecs that fit a field on a sample of it and picks by ``prefer``
     ('speed', 'size' or 'balanced'; see ``fastload._auto``), jpeg only with
     ``lossy_ok``; the choice and its measurements go to the manifest's
-    ``provenance.codec_choice``. Returns the manifest
+    ``provenance.codec_choice``. ``order``: ``"source"`` (the default) writes
+    sample ``i`` of the arrays at position ``i``; ``"shuffled"`` writes them in
+    the seeded permutation of ``seed`` across shards that ``write_dataset`` and
+    ``preprocess_tiles`` use by default (position ``p`` holds
+    ``_write_order.write_permutation(seed, N).at(p)``; recorded in the
+    manifest's ``order``). The arrays are the caller's, in memory, so the
+    default keeps their order. Returns the manifest
     written. Raises SchemaMismatchError when the arrays disagree in N or a codec
     cannot hold a field (the message names the codecs that can).
     """
@@ -50,6 +58,8 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
         raise ArgumentError("write_arrays needs at least one field")
     if samples_per_shard < 1:
         raise ArgumentError(f"samples_per_shard must be positive, not {samples_per_shard}")
+    check_order(order)
+    seed = check_seed(seed)
     counts = {name: len(a) for name, a in arrays.items()}
     if len(set(counts.values())) != 1:
         raise SchemaMismatchError(f"fields differ in sample count: {counts}")
@@ -70,16 +80,26 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     encoder = RecordEncoder(fields)
     shards = []
     identity = _identity(arrays, samples_per_shard)
+    if order == "shuffled":
+        identity += f" order=shuffled seed={seed}"
     ident = dataset_id(fields, identity, [])
+    permutation = write_permutation(seed, n) if order == "shuffled" else None
+    histograms = []
     for index, start in enumerate(range(0, n, samples_per_shard)):
         stop = min(start + samples_per_shard, n)
-        records = [encoder.encode({name: a[i] for name, a in arrays.items()}) for i in range(start, stop)]
+        picks = permutation.positions(start, stop).tolist() if permutation is not None else range(start, stop)
+        records = [encoder.encode({name: a[i] for name, a in arrays.items()}) for i in picks]
+        histograms.append(label_histogram(fields, records))
         shards.append(write_shard(out, index, records, (fields, ident)))
     provenance: dict = {"tool": "fastload.write_arrays",
                         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if choices:
         provenance["codec_choice"] = choices
-    manifest = Manifest(fields, shards, provenance, dataset_id=ident)
+    extra: dict = {"order": order_doc(order, seed)}
+    labels = shard_labels_doc(histograms)
+    if labels is not None:
+        extra["shard_labels"] = labels
+    manifest = Manifest(fields, shards, provenance, extra, dataset_id=ident)
     write_json_atomic(out / MANIFEST_NAME, manifest.to_json())
     return manifest
 

@@ -80,7 +80,6 @@ def check_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--val-fraction must be between 0 and 1 (exclusive), not {args.val_fraction}")
     needs = [("stride", "--stride", "tile_size", "--tile-size"),
              ("edge", "--edge", "tile_size", "--tile-size"),
-             ("seed", "--seed", "val_fraction", "--val-fraction"),
              ("stratify", "--stratify/--no-stratify", "val_fraction", "--val-fraction"),
              ("label_column", "--label-column", "labels", "--labels"),
              ("path_column", "--path-column", "labels", "--labels"),
@@ -89,6 +88,10 @@ def check_options(args: argparse.Namespace) -> None:
     for option, flag, required, required_flag in needs:
         if getattr(args, option, None) is not None and getattr(args, required, None) is None:
             raise UsageError(f"{flag} needs {required_flag}")
+    if args.seed is not None and args.val_fraction is None and getattr(args, "order", "shuffled") != "shuffled":
+        raise UsageError("--seed needs --val-fraction or --order shuffled (it seeds the split and the shuffled order)")
+    if args.seed is not None and not -(2**63) <= args.seed < 2**64:
+        raise UsageError(f"--seed must be in [-2**63, 2**64), not {args.seed}")
     if args.stratify and not (args.labels or args.labels_from_dirs):
         raise UsageError("--stratify needs one label per source file (--labels or --labels-from-dirs)")
     if getattr(args, "h5_dataset", None) and args.tile_size:

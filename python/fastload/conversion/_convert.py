@@ -52,6 +52,7 @@ from ._run_record import check_resume_options
 from ._samples import check_names, check_sample, check_sample_bytes, sample_arrays
 from ._shard_targets import RemoteShards
 from ._sources import Source
+from ._write_order import check_order, check_seed
 
 CHUNK_BYTES = 8 << 20
 _worker: dict[str, Any] = {}  # per worker process: the map-style dataset and its schema
@@ -74,6 +75,19 @@ def _encode_range(start: int, stop: int) -> list[bytes]:
     encoder = RecordEncoder(settings.fields)
     return [encoder.encode(check_sample(sample_arrays(dataset[i], i, settings.names), settings.fields, i))
             for i in range(start, stop)]
+
+
+def _encode_indices(indices: list[int]) -> list[bytes]:
+    """Return the records of samples ``indices`` of the worker's map-style dataset, in that order (a shuffled write)."""
+    dataset, settings = _worker["dataset"], _worker["settings"]
+    encoder = RecordEncoder(settings.fields)
+    return [encoder.encode(check_sample(sample_arrays(dataset[i], i, settings.names), settings.fields, i))
+            for i in indices]
+
+
+def _gather_indices(sources: np.ndarray, samples: np.ndarray) -> tuple[list[int]]:
+    """Return the arguments of ``_encode_indices`` for source-order samples (a map-style dataset is one source)."""
+    return (samples.tolist(),)
 
 
 def _range_piece(source: int, first: int, stop: int) -> tuple[int, int]:
@@ -113,7 +127,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
                   names: Sequence[str] | None = None, progress: bool = True, layout: str | None = None,
                   quality: int | None = None, subsampling: str | None = None, prefer: str = "balanced",
                   lossy_ok: bool = False, client: Any = None, storage_options: Mapping[str, Any] | None = None,
-                  cache_dir: str | os.PathLike | None = None) -> Manifest:
+                  cache_dir: str | os.PathLike | None = None, order: str | None = None, seed: int = 0) -> Manifest:
     """Write every sample of ``source`` as a shard dataset in ``out_dir`` and return its manifest.
 
     ``out_dir`` may be a URL of object storage (``s3://``, ``gs://``, ``az://``; needs
@@ -142,6 +156,15 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     ``workers``; ``resume=True`` continues an interrupted write (ValueError
     when the options differ from the recorded ones).
 
+    ``order``: ``"shuffled"`` writes the samples in a seeded random order across the shards
+    (``seed``; a pure function of ``seed`` and the length, recorded in the manifest's ``order``),
+    so every shard mixes the whole dataset and ``ShardLoader(shuffle_window=...)`` sees every
+    class in a window; ``"source"`` writes them in the dataset's own order. The default (None)
+    is ``"shuffled"`` for a map-style dataset and ``"source"`` for an iterable, which can only be
+    read in its order (``order="shuffled"`` with one raises ArgumentError: shuffle it first, e.g.
+    ``datasets.IterableDataset.shuffle``). A shuffled write reads the samples of each task by
+    index, so ``dataset[i]`` should be cheap at any ``i``.
+
     ``client``: a Dask ``distributed.Client`` (extra ``fastload[dask]``): the
     samples are read and encoded on its cluster (a map-style dataset must
     pickle; paths it opens must be the same on every worker) and this process
@@ -152,7 +175,7 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     """
     options = dict(codec=codec, level=level, samples_per_shard=samples_per_shard, shard_size=shard_size,
                    workers=workers, resume=resume, names=names, progress=progress, layout=layout, quality=quality,
-                   subsampling=subsampling, prefer=prefer, lossy_ok=lossy_ok, client=client)
+                   subsampling=subsampling, prefer=prefer, lossy_ok=lossy_ok, client=client, order=order, seed=seed)
     if isinstance(out_dir, str) and is_remote(out_dir):
         staging, storage = stage_output(out_dir, storage_options, cache_dir, overwrite, resume)
         if staging is None:  # resume=True, and the URL holds the finished dataset
@@ -171,7 +194,7 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
            samples_per_shard: int | None, shard_size: str | None, workers: int, resume: bool, overwrite: bool,
            names: Sequence[str] | None, progress: bool, layout: str | None, quality: int | None,
            subsampling: str | None, prefer: str, lossy_ok: bool, client: Any,
-           target: RemoteShards | None) -> Manifest:
+           target: RemoteShards | None, order: str | None, seed: int) -> Manifest:
     """``write_dataset`` into a local directory; the shards go to ``target`` when given (a URL's, on a cluster)."""
     names = check_names(names)
     check_codecs(codec, None)  # the field names are checked once the first sample gives them
@@ -200,13 +223,23 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
         raise ArgumentError("give samples_per_shard or shard_size (or both)")
     out = Path(out_dir)
     map_style = _is_map_style(source)
+    if order is not None:
+        check_order(order)
+    if order == "shuffled" and not map_style:
+        raise ArgumentError(f"order='shuffled': a {type(source).__name__} is read in its own order only (an "
+                            "iterable); shuffle it before (e.g. datasets.IterableDataset.shuffle), or pass "
+                            "order='source'")
+    order = order or ("shuffled" if map_style else "source")
+    seed = check_seed(seed)
     if map_style and hasattr(source, "with_format") and type(source).__module__.startswith("datasets"):
         source = source.with_format("numpy")
     single = isinstance(codec, str) and codec != "auto"
     options = {"codec": codec if isinstance(codec, str) else dict(sorted(codec.items())),
                "level": default_options(codec, level).get("level") if single else level,  # type: ignore[arg-type]
                "samples_per_shard": samples_per_shard, "shard_size": shard_bytes,
-               "names": list(names) if names is not None else None, "chunk_bytes": CHUNK_BYTES}
+               "names": list(names) if names is not None else None, "chunk_bytes": CHUNK_BYTES, "order": order}
+    if order == "shuffled":
+        options["seed"] = seed
     image_options = {"layout": layout, "quality": quality, "subsampling": subsampling,
                      "prefer": prefer if "auto" in used else None, "lossy_ok": lossy_ok or None}
     options.update({k: v for k, v in image_options.items() if v is not None})  # recorded only when they matter
@@ -285,7 +318,9 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
                    encode=_encode_range if map_style else _encode_arrays,
                    stamp=f"{kind}|{count}|{[f.to_json() for f in fields]}",
                    worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample",
-                   piece=_range_piece if map_style else None, piece_samples=chunk, target=target)
+                   piece=_range_piece if map_style else None, piece_samples=chunk, target=target, order=order,
+                   seed=seed, gather=_gather_indices if map_style else None,
+                   gather_encode=_encode_indices if map_style else None)
     if client is not None and progress:
         print(describe(client))
     return write_job(job, workers, skip_bad=False, resume=resume, progress=progress, client=client).manifest

@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -13,22 +14,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import xxhash
 from tqdm import tqdm
 
 from ..errors import FastloadError, ImageReadError, PreprocessError
 from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import FORMAT_VERSION
-from ._encode import encode_source
+from ._encode import encode_picked, encode_source
 from ._images import undecodable_error
 from ._journal import Journal
 from ._parallel import ordered_map
+from ._picks import each_error
 from ._planned_writer import write_first_planned, write_planned
+from ._shard_labels import label_histogram, shard_labels_doc
 from ._shard_plan import shard_capacity
 from ._shard_targets import LocalShards, ShardTarget
 from ._shard_writer import dataset_id
 from ._source_files import source_stat
 from ._sources import Source
+from ._write_order import (
+    READS_NOTE_FROM,
+    SHUFFLED_TASK_BYTES,
+    check_order,
+    order_doc,
+    picks_of,
+    shuffled_job,
+    source_reads,
+)
 
 _DELAY_ENV = "FASTLOAD_TEST_SHARD_DELAY"  # tests: seconds to sleep after each shard
 # From this many local worker processes on, the workers write the shards (when they can be planned): the
@@ -64,6 +77,13 @@ class WriteJob:
     default); a task encodes at most ``piece_samples`` of them for the first
     shard (None: a whole piece of a source). ``target``: where the shards go (default: ``out_dir``, which
     always holds the journal and the manifest).
+
+    ``order``: ``"source"`` writes the samples in the sources' order; ``"shuffled"`` in the seeded
+    permutation of ``seed`` across shards (``_write_order``), which needs ``tile_counts`` and
+    ``gather(sources, samples)``, the encode arguments of those source-order samples for
+    ``gather_encode`` (image sources have both by default). ``whole_sources``: each source's
+    samples are written together, so a file that fails to decode can be skipped whole (false for
+    the job a shuffled write plans: ``_write_order.shuffled_job``).
     """
 
     out_dir: Path
@@ -82,10 +102,26 @@ class WriteJob:
     piece: Callable[[int, int, int], tuple] | None = None
     piece_samples: int | None = None
     target: ShardTarget | None = None
+    order: str = "source"
+    seed: int = 0
+    gather: Callable[[np.ndarray, np.ndarray], tuple] | None = None
+    gather_encode: Callable[..., list[bytes]] | None = None
+    whole_sources: bool = True
 
     def __post_init__(self) -> None:
+        check_order(self.order)
         if self.tasks is None and self.piece is None:
             self.piece = self._image_piece
+        if self.tasks is None and self.gather is None:
+            self.gather, self.gather_encode = self._image_gather, encode_picked
+
+    @property
+    def lists_bad_files(self) -> bool:
+        """Whether a file that fails to decode is listed with every other one (images) rather than ending the run."""
+        return self.tasks is None or not self.whole_sources
+
+    def _image_gather(self, sources: np.ndarray, samples: np.ndarray) -> tuple:
+        return (self.settings, picks_of(self.sources, sources, samples), len(sources))
 
     def _image_piece(self, source: int, first: int, stop: int) -> tuple:
         src = self.sources[source]
@@ -167,7 +203,9 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     (``_shard_plan``; the job gives ``piece``): then this process writes the
     first and each further shard is a task that writes it
     (``_planned_writer``), which this process checks, commits and journals.
-    The bytes are the same either way.
+    The bytes are the same either way. With ``job.order == "shuffled"`` the
+    writers see one source whose samples are in the shuffled order
+    (``_write_order.shuffled_job``), planned by position the same way.
 
     Raises PreprocessError on a bad source image unless ``skip_bad``; the
     shards completed so far stay on disk with the journal, and no manifest.
@@ -182,26 +220,37 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     _clean_partial_files(out_dir, {e["file"] for e in journal.entries})
     target.clean_staged()
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
-    counts = job.tile_counts
+    identity = _identity(job) if journal.dataset_id is None else ""  # only the first shard needs it
+    planned = job
+    if job.order == "shuffled":
+        sample_bytes = max(1, sum(f.nbytes for f in job.settings.fields))
+        task_samples = job.piece_samples or max(1, SHUFFLED_TASK_BYTES // sample_bytes)
+        planned = shuffled_job(job, task_samples)
+        reads = source_reads(job.tile_counts or [], task_samples) if len(job.sources) > 1 else 1.0
+        if reads >= READS_NOTE_FROM:
+            print(f"note: {out_dir.name}: the shuffled order reads each source file about {reads:.0f} times (each "
+                  "task reads the files its samples come from); --order source reads each once (docs/conversion.md, "
+                  "\"Write order\")", file=sys.stderr)
+    counts = planned.tile_counts
     capacity = None
     by_tasks = client is not None or workers >= POOL_TASKS_WRITE_FROM
-    if by_tasks and counts is not None and job.piece is not None:
+    if by_tasks and counts is not None and planned.piece is not None:
         capacity = shard_capacity(job.limits.samples, job.limits.bytes, job.settings.fields)
     if client is not None and capacity is None and progress:
-        print(f"dask: {out_dir.name}: the driver writes the shards ({_why_not_planned(job)})")
+        print(f"dask: {out_dir.name}: the driver writes the shards ({_why_not_planned(planned)})")
     bar = tqdm(total=sum(counts) if counts is not None else None, initial=sum(e["count"] for e in journal.entries),
                unit=job.unit, desc=out_dir.name, disable=not progress or None, dynamic_ncols=True)
     try:
         if capacity is not None and journal.dataset_id is None:
             assert counts is not None
-            if not write_first_planned(job, journal, target, counts, capacity, skip_bad, workers, client, bar,
-                                       _identity(job)):
+            if not write_first_planned(planned, journal, target, counts, capacity, skip_bad, workers, client, bar,
+                                       identity):
                 capacity = None  # a bad file, not skipped: named with every other one as in a one-machine run
         if capacity is None:
-            _write_in_order(job, journal, target, workers, skip_bad, client, bar, delay)
+            _write_in_order(planned, journal, target, workers, skip_bad, client, bar, delay, identity)
         elif journal.dataset_id is not None:  # else every source was skipped: an empty dataset
             assert counts is not None
-            write_planned(job, journal, target, counts, capacity, skip_bad, workers, client, bar, delay)
+            write_planned(planned, journal, target, counts, capacity, skip_bad, workers, client, bar, delay)
     except BaseException:
         if isinstance(target, LocalShards):  # what tasks staged is of no use; a bucket's waits for the next run
             with contextlib.suppress(PreprocessError):  # the error that ended the run is the one to raise
@@ -223,10 +272,9 @@ def _why_not_planned(job: WriteJob) -> str:
 
 
 def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, workers: int, skip_bad: bool,
-                    client: Any, bar: tqdm, delay: float) -> None:
-    """Encode from the journal's position on and write the shards here, in order."""
+                    client: Any, bar: tqdm, delay: float, identity: str) -> None:
+    """Encode from the journal's position on and write the shards here, in order (``identity``: see ``_identity``)."""
     start = journal.position()
-    identity = _identity(job)
     counts = job.tile_counts
     current: list[bytes] = []
     current_size = 0
@@ -242,7 +290,7 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
                          skipped: list[dict[str, Any]]) -> None:
         assert journal.dataset_id is not None
         journal.record(target.write(index, records, (job.settings.fields, journal.dataset_id)), next_source,
-                       next_tile, skipped)
+                       next_tile, skipped, label_histogram(job.settings.fields, records))
         if delay:
             time.sleep(delay)
 
@@ -277,10 +325,11 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
                 if not isinstance(error, ImageReadError):
                     raise PreprocessError(f"{src.relpath}: {type(error).__name__}: {error}") from error
                 whole = first_tile == (start[1] if index == start[0] else 0)
-                if counts is None or not (skip_bad and whole):
-                    if job.tasks is not None:
+                if counts is None or not (skip_bad and whole and job.whole_sources):
+                    if not job.lists_bad_files:
                         raise PreprocessError(str(error)) from error
-                    failures.append(str(error))  # keep decoding (writing nothing more) to list every bad image
+                    failures += [str(e) for e in each_error(error)]  # keep decoding, writing nothing more, to list
+                    # every bad image
                     continue
                 tqdm.write(f"skipping {src.relpath}: {error.reason}")
                 journal.skipped.append({"index": index, "path": src.relpath, "error": error.reason})
@@ -301,7 +350,7 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
         if failures:
             if pending is not None:
                 pending.result()
-            raise undecodable_error(failures)
+            raise undecodable_error(failures, job.whole_sources)
         if current:
             flush(len(job.sources), 0)
         if pending is not None:
@@ -334,6 +383,10 @@ def _finish(job: WriteJob, journal: Journal, target: ShardTarget) -> WriteResult
             raise PreprocessError(f"{out_dir}: wrote {total} samples but the sources add up to {first}")
         extra["sources"] = sources_doc
     extra["skipped"] = job.probe_skipped + [{"path": s["path"], "error": s["error"]} for s in journal.skipped]
+    extra["order"] = order_doc(job.order, job.seed)
+    labels = shard_labels_doc([e.get("labels") for e in journal.entries])
+    if labels is not None:
+        extra["shard_labels"] = labels
     ident = journal.dataset_id or dataset_id(job.settings.fields, _identity(job), [])
     manifest = Manifest(fields=list(job.settings.fields), shards=shards, provenance=job.provenance, extra=extra,
                         dataset_id=ident)

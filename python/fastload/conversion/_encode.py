@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import ImageReadError
+from ..errors import FastloadError, ImageReadError, PreprocessError
 from ..format._record import Field, RecordEncoder
 from ..storage import RemoteFolder
 from ._casts import cast_checked
 from ._images import read_image
+from ._picks import place, raise_read_errors
 from ._source_files import readable_source, source_name
 from ._tiling import cut_tile, tile_grid
 
@@ -45,10 +47,12 @@ class EncodeSettings:
 
 
 def source_samples(settings: EncodeSettings, relpath: str, skip_tiles: int = 0,
-                   stop_tiles: int | None = None) -> list[np.ndarray]:
+                   stop_tiles: int | None = None, picked: Sequence[int] | None = None) -> list[np.ndarray]:
     """Read one source image and return its samples (tiles in the field's layout) ``skip_tiles:stop_tiles``.
 
-    Raises ImageReadError naming the file when it cannot be read or disagrees with the schema.
+    With ``picked`` (tile indices, any order), those tiles instead, in that order.
+    Raises ImageReadError naming the file when it cannot be read or disagrees with the schema
+    (or has fewer tiles than ``picked`` names: it changed since it was probed).
     """
     with readable_source(settings.data_dir, settings.remote, relpath) as path:
         image = read_image(path, settings.npy_layout, settings.mode)
@@ -62,8 +66,15 @@ def source_samples(settings: EncodeSettings, relpath: str, skip_tiles: int = 0,
     if settings.tiles.tile is None and image_field_hw(image_field, settings.layout) != image.shape[:2]:
         raise ImageReadError(path, f"shape {image.shape[:2]} differs from the dataset's "
                                    f"{image_field_hw(image_field, settings.layout)}")
+    grid = settings.tiles.grid(image.shape[0], image.shape[1])
+    if picked is not None:
+        if any(not 0 <= t < len(grid) for t in picked):
+            raise ImageReadError(path, f"{len(grid)} tiles, fewer than when it was probed (did it change?)")
+        origins = [grid[t] for t in picked]
+    else:
+        origins = grid[skip_tiles:stop_tiles]
     samples = []
-    for y, x in settings.tiles.grid(image.shape[0], image.shape[1])[skip_tiles:stop_tiles]:
+    for y, x in origins:
         sample = cut_tile(image, y, x, tile)
         if settings.layout == "chw":
             sample = sample.transpose(2, 0, 1)
@@ -72,15 +83,16 @@ def source_samples(settings: EncodeSettings, relpath: str, skip_tiles: int = 0,
 
 
 def encode_source(settings: EncodeSettings, relpath: str, label: int | None, skip_tiles: int = 0,
-                  stop_tiles: int | None = None) -> list[bytes]:
+                  stop_tiles: int | None = None, picked: Sequence[int] | None = None) -> list[bytes]:
     """Read one source image and return the records of its tiles ``skip_tiles:stop_tiles`` (to the end: None).
 
+    With ``picked``, the records of those tiles, in that order.
     Raises ImageReadError naming the file when it cannot be read or disagrees with the schema.
     """
     image_field = settings.fields[0]
     encoder = RecordEncoder(settings.fields)
     records = []
-    for sample in source_samples(settings, relpath, skip_tiles, stop_tiles):
+    for sample in source_samples(settings, relpath, skip_tiles, stop_tiles, picked):
         values: dict[str, Any] = {image_field.name: sample}
         if label is not None:
             values["label"] = np.int64(label)
@@ -91,3 +103,27 @@ def encode_source(settings: EncodeSettings, relpath: str, label: int | None, ski
 def image_field_hw(field: Field, layout: str) -> tuple[int, int]:
     """Return (height, width) of an image field in the given layout."""
     return (field.shape[1], field.shape[2]) if layout == "chw" else (field.shape[0], field.shape[1])
+
+
+# What a task of a shuffled write encodes from one source: (path, label, tiles, their slots in the task).
+Pick = tuple[str, Optional[int], list[int], list[int]]  # Optional: evaluated at run time, on Python 3.9 too
+
+
+def encode_picked(settings: EncodeSettings, picks: Sequence[Pick], n: int) -> list[bytes]:
+    """Return the records of ``n`` tiles of several sources, each read once, at their slots (a shuffled write).
+
+    Raises ImageReadError naming the file that cannot be read, PreprocessError naming it on another error.
+    """
+    parts, unreadable = [], []
+    for relpath, label, tiles, slots in picks:
+        try:
+            parts.append((slots, encode_source(settings, relpath, label, picked=tiles)))
+        except ImageReadError as err:  # the others are still read, to name every bad file
+            unreadable.append(err)
+        except FastloadError:
+            raise
+        except Exception as err:
+            raise PreprocessError(f"{source_name(settings.data_dir, settings.remote, relpath)}: "
+                                  f"{type(err).__name__}: {err}") from err
+    raise_read_errors(unreadable)
+    return place(parts, n)

@@ -10,6 +10,7 @@ larger than memory convert. Compression and chunking are h5py's business.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..errors import ImageReadError
 from ..format._record import Field, RecordEncoder
 from ._casts import cast_checked
 from ._layouts import npy_layout_of
+from ._picks import place, raise_read_errors
 
 CHUNK_BYTES = 16 << 20  # about this much of a stack is read per task
 
@@ -118,8 +120,37 @@ def encode_stack_rows(settings: StackSettings, relpath: str, label: int | None, 
     except Exception as err:
         raise ImageReadError(path, f"reading rows {first}..{stop - 1} of {settings.dataset!r}: "
                                    f"{type(err).__name__}: {err}") from None
+    return _encode_rows(settings, rows, labels, label, f"{path} rows {first}..{stop - 1}")
+
+
+def encode_stack_picked(settings: StackSettings, picks: Sequence[tuple[str, int | None, list[int], list[int]]],
+                        n: int) -> list[bytes]:
+    """Return the records of ``n`` rows of several stacks (each file opened once) at their slots (a shuffled write).
+
+    ``picks``: per file (path, label, rows in increasing order, their slots in the task).
+    """
+    parts, unreadable = [], []
+    for relpath, label, rows, slots in picks:
+        path = os.path.join(settings.data_dir, relpath)
+        where = np.asarray(rows, dtype=np.int64)
+        try:
+            with h5py.File(path, "r") as f:
+                data = f[settings.dataset][where]
+                labels = f[settings.labels][where] if settings.labels else None
+        except Exception as err:  # the others are still read, to name every bad file
+            unreadable.append(ImageReadError(path, f"reading {len(rows)} rows of {settings.dataset!r} from row "
+                                                   f"{rows[0]}: {type(err).__name__}: {err}"))
+            continue
+        parts.append((slots, _encode_rows(settings, data, labels, label, f"{path} rows {rows[0]}..{rows[-1]}")))
+    raise_read_errors(unreadable)
+    return place(parts, n)
+
+
+def _encode_rows(settings: StackSettings, rows: np.ndarray, labels: np.ndarray | None, label: int | None,
+                 where: str) -> list[bytes]:
+    """Return the records of ``rows`` (cast to the schema, checked), labelled by ``labels`` or ``label``."""
     image_field = settings.fields[0]
-    rows = cast_checked(rows, image_field.np_dtype, f"{path} rows {first}..{stop - 1}")
+    rows = cast_checked(rows, image_field.np_dtype, where)
     encoder = RecordEncoder(settings.fields)
     records = []
     for i in range(len(rows)):

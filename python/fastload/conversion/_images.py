@@ -198,9 +198,15 @@ def _tiff_to_hwc(arr: np.ndarray, axes: str) -> np.ndarray:
     return arr.reshape(arr.shape[: len(order)])
 
 
-def undecodable_error(failures: list[str]) -> PreprocessError:
-    """Return the error of a run that met images it could not decode (``failures``: their messages, in order)."""
+def undecodable_error(failures: list[str], skippable: bool = True) -> PreprocessError:
+    """Return the error of a run that met images it could not decode (``failures``: their messages, in order).
+
+    ``skippable``: whether ``--skip-bad`` could have skipped them (not in a shuffled order, where
+    a file's samples are spread over the shards).
+    """
     more = f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else ""
+    remedy = ("pass --skip-bad" if skippable else "pass --order source --skip-bad (the shuffled order spreads a "
+              "file's samples over the shards, so it cannot skip a file that fails only in decoding)")
     return PreprocessError(f"{len(failures)} image(s) failed to decode (nothing after the first was written; the "
-                           "shards before it are kept for --resume); fix or remove them, or pass --skip-bad:\n  "
+                           f"shards before it are kept for --resume); fix or remove them, or {remedy}:\n  "
                            + "\n  ".join(failures[:20]) + more)

@@ -24,9 +24,14 @@ class Journal:
         self.skipped: list[dict[str, Any]] = []
         self.dataset_id: str | None = None  # fixed by the first shard (see _shard_writer.dataset_id)
 
-    def record(self, info: ShardInfo, next_source: int, next_tile: int, skipped: list[dict[str, Any]]) -> None:
-        """Append a completed shard and rewrite the file (``skipped``: the files skipped so far)."""
-        self.entries.append({**info.to_json(), "next_source": next_source, "next_tile": next_tile})
+    def record(self, info: ShardInfo, next_source: int, next_tile: int, skipped: list[dict[str, Any]],
+               labels: list[int] | None = None) -> None:
+        """Append a completed shard and rewrite the file (``skipped``: the files skipped so far).
+
+        ``labels``: the shard's count per label (``_shard_labels.label_histogram``), or None.
+        """
+        self.entries.append({**info.to_json(), "next_source": next_source, "next_tile": next_tile,
+                             "labels": labels})
         doc = {"fingerprint": self.fingerprint, "options": self.options, "dataset_id": self.dataset_id,
                "shards": self.entries, "skipped": skipped}
         write_json_atomic(self.path, doc)

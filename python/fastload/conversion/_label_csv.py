@@ -13,30 +13,78 @@ silently took ``split`` as the label. The rules:
 - Without a header, a row is ``path,label``; more columns are an error.
 - Labels that are all integers are kept; otherwise every label is a class name,
   class ``i`` being the i-th name in sorted order (the class list is saved).
+
+The CSV may be a URL of object storage (``s3://bucket/labels.csv``, ``gs://``,
+``az://``, ``https://``), read whole through the storage layer (at most
+``MAX_LABEL_BYTES``) with the storage options of ``--data-dir``; messages name
+the URL, never a credential.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable
+import io
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, TextIO, Union
+from urllib.parse import urlsplit
 
+from ..errors import ArgumentError, RemoteNotFoundError
+from ..storage import is_remote, redact
+from ..storage._client import RemoteRoot, StorageOptions
+from ..storage._urls import check_dataset_url
 from ._sources import Source, SourceError, _some
+
+# A label file in object storage is read whole into memory: at most this many bytes (about ten million rows).
+MAX_LABEL_BYTES = 1 << 30
+
+# Storage options of a label file in object storage: a mapping as ShardLoader takes them, or StorageOptions.
+LabelStorage = Union[Mapping[str, Any], StorageOptions, None]
 
 _PATH_NAMES = ("path", "file", "filename", "file_name", "relative_path", "relpath", "image", "image_path", "img")
 _LABEL_NAMES = ("label", "class", "target", "category", "class_name", "y")
 
 
-def _read_rows(csv_path: Path) -> list[tuple[int, list[str]]]:
-    if not csv_path.is_file():
+def _read_rows(csv_path: Path | str, storage_options: LabelStorage = None) -> list[tuple[int, list[str]]]:
+    if is_remote(csv_path):
+        assert isinstance(csv_path, str)
+        text = io.StringIO(_remote_text(csv_path, storage_options), newline="")
+        return _rows(text)
+    if not Path(csv_path).is_file():
         raise SourceError(f"{csv_path}: label file not found")
     with open(csv_path, newline="", encoding="utf-8-sig") as f:
-        return [(n, [c.strip() for c in row]) for n, row in enumerate(csv.reader(f), start=1)
-                if row and any(c.strip() for c in row)]
+        return _rows(f)
+
+
+def _rows(lines: TextIO) -> list[tuple[int, list[str]]]:
+    """Return (line number, stripped cells) of each non-blank CSV row of ``lines`` (an open text file)."""
+    return [(n, [c.strip() for c in row]) for n, row in enumerate(csv.reader(lines), start=1)
+            if row and any(c.strip() for c in row)]
+
+
+def _remote_text(url: str, storage_options: LabelStorage) -> str:
+    """Return the label file at ``url`` (object storage) as text; errors are typed and name the URL only."""
+    base, _, name = url.rstrip("/").rpartition("/")
+    try:
+        check_dataset_url(url)  # no user, query or fragment: credentials and tokens go in the storage options
+        if not urlsplit(url).path.strip("/"):
+            raise SourceError(f"{redact(url)}: --labels names a bucket, not a CSV file")
+        options = (storage_options if isinstance(storage_options, StorageOptions)
+                   else StorageOptions.build(storage_options))
+        root = RemoteRoot(base, options)
+        data = root.read_bytes(name, MAX_LABEL_BYTES)
+    except RemoteNotFoundError:
+        raise SourceError(f"{redact(url)}: label file not found") from None
+    except ArgumentError as err:  # a URL with a user, a query or a fragment; bad storage options
+        raise SourceError(f"--labels {err}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise SourceError(f"{redact(url)}: not UTF-8 text (byte {err.start}); a label file is a UTF-8 CSV") from None
 
 
 def _pick(header: list[str], wanted: str | None, names: tuple[str, ...], what: str, flag: str,
-          csv_path: Path) -> int | None:
+          csv_path: Path | str) -> int | None:
     lowered = [h.lower() for h in header]
     if wanted is not None:
         if wanted not in header and wanted.lower() not in lowered:
@@ -49,7 +97,7 @@ def _pick(header: list[str], wanted: str | None, names: tuple[str, ...], what: s
     return found[0] if found else None
 
 
-def _columns(csv_path: Path, header: list[str] | None, width: int, path_column: str | None,
+def _columns(csv_path: Path | str, header: list[str] | None, width: int, path_column: str | None,
              label_column: str | None) -> tuple[int, int]:
     if header is None:
         if width > 2:
@@ -70,20 +118,23 @@ def _columns(csv_path: Path, header: list[str] | None, width: int, path_column: 
     return path_i, label_i
 
 
-def labels_from_csv(csv_path: Path, data_dir: Path | str, relpaths: list[str], path_column: str | None = None,
-                    label_column: str | None = None,
-                    is_file: Callable[[str], bool] | None = None) -> tuple[list[Source], list[str] | None]:
+def labels_from_csv(csv_path: Path | str, data_dir: Path | str, relpaths: list[str], path_column: str | None = None,
+                    label_column: str | None = None, is_file: Callable[[str], bool] | None = None,
+                    storage_options: LabelStorage = None) -> tuple[list[Source], list[str] | None]:
     """Return one labelled Source per image in ``relpaths`` and the class names (None for integer labels).
 
     ``is_file(relpath)`` says whether the data folder holds a file (default: a file under the local
-    ``data_dir``; a folder in object storage passes its listing's).
+    ``data_dir``; a folder in object storage passes its listing's). ``csv_path`` may be a URL of
+    object storage, read with ``storage_options`` (those of ``--data-dir``; None: from the environment).
     """
     if is_file is None:
         folder = Path(data_dir)
 
         def is_file(relpath: str) -> bool:
             return (folder / relpath).is_file()
-    rows = _read_rows(csv_path)
+    rows = _read_rows(csv_path, storage_options)
+    if is_remote(csv_path):
+        csv_path = redact(str(csv_path))  # messages name the URL without user or query
     if not rows:
         raise SourceError(f"{csv_path}: empty label file")
     first = rows[0][1]

@@ -26,6 +26,8 @@ from tqdm import tqdm
 from ..errors import FastloadError, ImageReadError, PreprocessError
 from ._images import undecodable_error
 from ._journal import Journal
+from ._picks import each_error
+from ._shard_labels import label_histogram
 from ._shard_plan import Piece, PlannedShard, plan_shards
 from ._shard_targets import Binding, ShardTarget, Staged
 from ._shard_writer import dataset_id
@@ -36,12 +38,14 @@ Failure = tuple[int, str, str]
 
 def write_planned_shard(target: ShardTarget | None, encode: Callable[..., list[bytes]], pieces: Sequence[tuple],
                         names: Sequence[str], expected: int, max_bytes: int | None, index: int,
-                        binding: Binding) -> tuple[Staged | None, list[Failure]]:
+                        binding: Binding) -> tuple[Staged | None, list[Failure], list[int] | None]:
     """Encode the pieces of shard ``index`` (``encode(*args)`` each) and stage the shard whole for the driver.
 
-    Runs in a task. When a piece's file does not decode (ImageReadError) nothing is written and the
-    failures are returned: the driver decides. A typed error is raised as it is; another is raised
-    as a PreprocessError naming the piece's source (``names``), as a one-machine run names it.
+    Runs in a task; returns the staged shard, the failures and the shard's count per label
+    (``_shard_labels.label_histogram``). When a piece's file does not decode (ImageReadError)
+    nothing is written and the failures are returned: the driver decides. A typed error is raised
+    as it is; another is raised as a PreprocessError naming the piece's source (``names``), as a
+    one-machine run names it.
     Without a ``target`` the pieces are only encoded (to find the bad files) and nothing is written.
     """
     records: list[bytes] = []
@@ -50,7 +54,7 @@ def write_planned_shard(target: ShardTarget | None, encode: Callable[..., list[b
         try:
             got = encode(*args)
         except ImageReadError as err:
-            failures.append((position, err.reason, str(err)))
+            failures += [(position, e.reason, str(e)) for e in each_error(err)]
             continue
         except FastloadError:
             raise
@@ -58,7 +62,7 @@ def write_planned_shard(target: ShardTarget | None, encode: Callable[..., list[b
             raise PreprocessError(f"{names[position]}: {type(err).__name__}: {err}") from err
         records += got
     if failures:
-        return None, failures
+        return None, failures, None
     if len(records) != expected:
         raise PreprocessError(f"shard {index}: its sources gave {len(records)} samples, {expected} were planned "
                               "(did a source change since it was probed?)")
@@ -66,7 +70,8 @@ def write_planned_shard(target: ShardTarget | None, encode: Callable[..., list[b
     if max_bytes and len(records) > 1 and total > max_bytes:  # the one-machine writer would have closed it sooner
         raise PreprocessError(f"shard {index}: {total} bytes of records, more than the shard size of {max_bytes} "
                               "that its plan assumed they could not reach (a fastload bug: please report it)")
-    return (target.stage(index, records, binding) if target is not None else None), []
+    labels = label_histogram(binding[0], records)
+    return (target.stage(index, records, binding) if target is not None else None), [], labels
 
 
 def write_first_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[int], capacity: int,
@@ -100,9 +105,9 @@ def write_first_planned(job: Any, journal: Journal, target: ShardTarget, counts:
                     raise error
                 if not isinstance(error, ImageReadError):
                     raise PreprocessError(f"{relpath}: {type(error).__name__}: {error}") from error
-                if job.tasks is not None:  # a dataset's sample, as in a one-machine run
+                if not job.lists_bad_files:  # a dataset's sample, as in a one-machine run
                     raise PreprocessError(str(error)) from error
-                if not skip_bad:
+                if not (skip_bad and job.whole_sources):
                     return False
                 assert first == 0  # the first shard holds its sources from their first sample
                 tqdm.write(f"skipping {relpath}: {error.reason}")
@@ -115,7 +120,8 @@ def write_first_planned(job: Any, journal: Journal, target: ShardTarget, counts:
                                           "planned (did a source change since it was probed?)")
                 journal.dataset_id = dataset_id(job.settings.fields, identity, records)
                 info = target.write(0, records, (job.settings.fields, journal.dataset_id))
-                journal.record(info, shard.next_source, shard.next_tile, list(journal.skipped))
+                journal.record(info, shard.next_source, shard.next_tile, list(journal.skipped),
+                               label_histogram(job.settings.fields, records))
                 bar.update(info.count)
                 return True
         finally:
@@ -163,9 +169,9 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
                     raise PreprocessError(f"shard {shard.index} ({', '.join(_names(job, shard))}): "
                                           f"{type(error).__name__}: {error}") from error
                 assert result is not None
-                staged, bad = result
-                if bad and (failures or not skip_bad or job.tasks is not None):
-                    if job.tasks is not None:  # a dataset's sample: the first error ends the run, as locally
+                staged, bad, labels = result
+                if bad and (failures or not (skip_bad and job.whole_sources) or not job.lists_bad_files):
+                    if not job.lists_bad_files:  # a dataset's sample: the first error ends the run, as locally
                         raise PreprocessError(bad[0][2])
                     first_failure = not failures
                     failures += [m for _, _, m in bad if m not in failures]
@@ -189,7 +195,7 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
                     continue
                 assert staged is not None
                 target.commit(staged)
-                journal.record(staged[0], shard.next_source, shard.next_tile, list(journal.skipped))
+                journal.record(staged[0], shard.next_source, shard.next_tile, list(journal.skipped), labels)
                 bar.update(staged[0].count)
                 if delay:
                     time.sleep(delay)
@@ -198,7 +204,7 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
         if not again:
             break
     if failures:
-        raise undecodable_error(failures)
+        raise undecodable_error(failures, job.whole_sources)
 
 
 def _names(job: Any, shard: PlannedShard) -> list[str]:

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..format._dtypes import dtype_name
 from ..format._record import Field
 from ._dataset_writer import PreprocessError, Task, WriteJob
@@ -15,6 +17,7 @@ from ._images import ImageReadError
 from ._parallel import ordered_map
 from ._preprocess_plan import SplitPlan, listed
 from ._sources import Source, SourceError
+from ._write_order import picks_of
 
 
 def probe_stacks(data_dir: Path, sources: list[Source], dataset: str, labels: str | None, workers: int,
@@ -73,9 +76,14 @@ def stack_job(job: WriteJob, settings: StackSettings, infos: dict[str, StackInfo
             for a in range(start[1] if i == start[0] else 0, info.count, info.rows):
                 yield (i, a, (settings, src.relpath, src.label, a, min(a + info.rows, info.count)))
 
-    from ._hdf5 import encode_stack_rows
+    from ._hdf5 import encode_stack_picked, encode_stack_rows
+
+    def gather(sources: np.ndarray, samples: np.ndarray) -> tuple:
+        return (settings, picks_of(job.sources, sources, samples), len(sources))
 
     # No pieces: a stack's rows are read in chunks, and a chunk that fails mid-file must fail as in a
-    # one-machine run (not skip the whole file), so the driver writes its shards.
+    # one-machine run (not skip the whole file), so the driver writes its shards. A shuffled order
+    # reads the rows of a task from each file it touches (``gather``), and may be planned.
     job.tasks, job.encode, job.unit, job.piece = tasks, encode_stack_rows, "sample", None
+    job.gather, job.gather_encode = gather, encode_stack_picked
     return job

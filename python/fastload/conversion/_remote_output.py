@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 from ..storage import RemoteSpec, redact
 from ..storage._client import StorageOptions
-from ..storage._publish import finish_publish, publish, remote_dataset_exists, staging_dir
+from ..storage._publish import checked_staging_dir, finish_publish, publish, remote_dataset_exists, remove_staging
 from ..storage._urls import join_url
 from ._shard_targets import RemoteShards
 
@@ -26,7 +25,7 @@ def stage_output(url: str, storage_options: Mapping[str, Any] | None, cache_dir:
     nothing staged is complete: the staging directory returned is None.
     """
     spec = RemoteSpec.build(storage_options, cache_dir, None)
-    staging = staging_dir(spec.cache_dir, url)
+    staging = checked_staging_dir(spec.cache_dir, url)
     staged = staging.exists() and any(staging.iterdir())
     if not overwrite:
         if staged and not resume:
@@ -39,8 +38,7 @@ def stage_output(url: str, storage_options: Mapping[str, Any] | None, cache_dir:
             raise FileExistsError(f"{redact(url)}: holds a dataset (pass overwrite=True / --overwrite to replace "
                                   "it)")
     if overwrite and staging.exists():
-        shutil.rmtree(staging)
-    staging.parent.mkdir(parents=True, exist_ok=True)
+        remove_staging(staging)
     return staging, spec.storage_options
 
 

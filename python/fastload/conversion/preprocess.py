@@ -67,13 +67,14 @@ from ._sources import (
     sort_images,
     split_by_source,
 )
+from ._write_order import DEFAULT_ORDER, ORDERS
 
 __all__ = ["UsageError", "build_parser", "main", "parse_hw", "parse_size", "run"]
 
 DEFAULT_SHARD_BYTES = 256 * 10**6
 AUTO_SOURCES = 16  # --codec auto samples tiles of this many source images
 _OPTIONS_IN_PROVENANCE = ("labels", "labels_from_dirs", "label_column", "path_column", "tile_size", "stride", "edge",
-                          "layout", "dtype", "npy_layout", "mode", "val_fraction", "seed", "stratify",
+                          "layout", "dtype", "npy_layout", "mode", "val_fraction", "seed", "stratify", "order",
                           "samples_per_shard", "shard_size", "codec", "level",
                           "quality", "subsampling", "prefer", "lossy_ok", "skip_bad", "h5_dataset", "h5_labels")
 
@@ -90,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a directory, or a URL of object storage (s3://, gs://, az://; needs fastload[remote], "
                         "credentials from the environment): written in a staging directory, then published")
     labels = p.add_mutually_exclusive_group()
-    labels.add_argument("--labels", type=Path, help="CSV of 'relative path,label' rows (a header row is detected)")
+    labels.add_argument("--labels", type=_location, help="CSV of 'relative path,label' rows (a header row is "
+                        "detected); a file, or a URL of object storage (read as --data-dir's files are)")
     labels.add_argument("--labels-from-dirs", action="store_true", help="one sub-folder per class")
     p.add_argument("--label-column", help="name of the label column in the --labels CSV's header")
     p.add_argument("--path-column", help="name of the path column in the --labels CSV's header")
@@ -105,9 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--h5-dataset", help="in .h5/.hdf5 files, the dataset of stacked samples, shape (N, ...)")
     p.add_argument("--h5-labels", help="in .h5/.hdf5 files, the dataset of labels, shape (N,)")
     p.add_argument("--val-fraction", type=float, help="write train/ and val/, split by source image")
-    p.add_argument("--seed", type=int, help="seed of the train/val split (default: 0)")
+    p.add_argument("--seed", type=int, help="seed of the train/val split and of the shuffled order (default: 0)")
     p.add_argument("--stratify", action=argparse.BooleanOptionalAction, default=None,
                    help="split by source image within each class (default: on when there are labels)")
+    p.add_argument("--order", choices=ORDERS, default=DEFAULT_ORDER,
+                   help="shuffled: write the samples (tiles) in a seeded random order across the shards, so every "
+                        "shard mixes classes and sources (the train/val split is by source first); source: one "
+                        "source after another, as found (sorted paths: one class after another with "
+                        "--labels-from-dirs)")
     p.add_argument("--samples-per-shard", type=int)
     p.add_argument("--shard-size", type=parse_size,
                    help="target shard size, e.g. 512MB (default 256MB); two shards are held in memory")
@@ -203,21 +210,23 @@ def _sources_and_classes(args: argparse.Namespace, data_dir: Path | str,
     if args.labels_from_dirs:
         return labels_from_dirs(relpaths)
     if args.labels:
-        return labels_from_csv(args.labels, data_dir, relpaths, args.path_column, args.label_column, is_file)
+        return labels_from_csv(args.labels, data_dir, relpaths, args.path_column, args.label_column, is_file,
+                               remote.options if remote is not None else getattr(args, "storage_options", None))
     return [Source(p) for p in relpaths], None
 
 
 def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
     doc = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k in _OPTIONS_IN_PROVENANCE}
-    doc["labels"] = str(args.labels) if args.labels else None
+    doc["labels"] = (redact(args.labels) if is_remote(args.labels) else str(args.labels)) if args.labels else None
     # Effective values, so that spelling out a default does not count as a change on --resume.
     labelled = bool(args.labels or args.labels_from_dirs)
     if not args.h5_dataset:
         doc["layout"] = args.layout or "chw"
     if args.tile_size:
         doc["edge"] = args.edge or "drop"
-    if args.val_fraction is not None:
+    if args.val_fraction is not None or args.order == "shuffled":
         doc["seed"] = 0 if args.seed is None else args.seed
+    if args.val_fraction is not None:
         doc["stratify"] = labelled if args.stratify is None else args.stratify
     if args.codec != "raw":  # the encoder settings of the codec (docs/FORMAT.md)
         options = default_options(args.codec, args.level, None, args.quality, args.subsampling)
@@ -398,7 +407,8 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
             extra["no_tiles"] = plan.no_tiles
         publish_to = getattr(args, "publish_to", None)  # (URL, storage options) of an output in object storage
         target = direct_target(publish_to[0], publish_to[1], client, plan.name) if publish_to is not None else None
-        job = WriteJob(out, settings, plan.sources, plan.tile_counts, bad, limits, provenance, extra, target=target)
+        job = WriteJob(out, settings, plan.sources, plan.tile_counts, bad, limits, provenance, extra, target=target,
+                       order=args.order, seed=option_doc.get("seed") or 0)
         if stacks is not None:
             job = stack_job(job, settings, stacks)
         results.append(write_dataset(job, args.workers, args.skip_bad, args.resume, not args.no_progress, client))

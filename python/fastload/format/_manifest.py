@@ -101,6 +101,24 @@ class Manifest:
         return doc
 
 
+def shard_label_sets(manifest: Manifest) -> tuple[list[int], list[int]] | None:
+    """Return the manifest's ``shard_labels`` as (count per label, label mask per shard), or None without it.
+
+    Manifests written before it (or without an integer ``label`` field of few classes) have none.
+    The manifest was validated when loaded (``_manifest_check``); one built in memory is checked here.
+    """
+    doc = manifest.extra.get("shard_labels")
+    if not isinstance(doc, dict):
+        return None
+    counts, masks = doc.get("counts"), doc.get("masks")
+    if not isinstance(counts, list) or not isinstance(masks, list) or len(masks) != len(manifest.shards):
+        return None
+    try:
+        return [int(c) for c in counts], [int(m, 16) for m in masks]
+    except (TypeError, ValueError):  # a manifest built in memory with something else there
+        return None
+
+
 def file_hash(path: str | os.PathLike) -> str:
     """Return the content hash of a file as written in the manifest (``xxh3-128:<hex>``)."""
     h = xxhash.xxh3_128()

@@ -16,7 +16,11 @@ TypeError, OverflowError or RecursionError from further down. The bounds:
   each codec able to hold its field (png/jpeg: dtype, channels, layout);
 - shard ``i`` is named ``shard-{i:05d}.lmdb`` as the writers name them, so a
   shard listed twice, dropped or moved is refused, and hashes are
-  ``xxh3-128:`` plus 32 lowercase hex digits.
+  ``xxh3-128:`` plus 32 lowercase hex digits;
+- the optional ``order`` (how positions map to the source order) and
+  ``shard_labels`` (per-shard label sets: 1 to ``MAX_LABEL_CLASSES`` counts
+  adding up to ``total``, one mask per shard of 1 to 16 hex digits naming
+  labels that have samples).
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ _SHOW = reprlib.Repr()
 _SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 40
 _DATASET_ID = re.compile(r"[0-9a-f]{32}")
 _FIELD_KEYS = {"name", "dtype", "shape", "codec", "codec_options"}
+LABEL_FIELD = "label"  # the field whose values ``shard_labels`` counts
+MAX_LABEL_CLASSES = 64  # labels 0..63: a shard's label set is one 64-bit mask
+_MASK = re.compile(r"[0-9a-f]{1,16}")
+_ORDER_KINDS = ("source", "shuffled")
 _SHARD_KEYS = {"file", "count", "bytes", "hash"}
 
 
@@ -54,7 +62,8 @@ def shard_name(index: int) -> str:
 
 _Invalid = JsonProblem  # a problem at a key; read_manifest adds the file
 
-__all__ = ["MAX_DEPTH", "MAX_FIELDS", "MAX_MANIFEST_BYTES", "read_manifest", "shard_name", "validate"]
+__all__ = ["LABEL_FIELD", "MAX_DEPTH", "MAX_FIELDS", "MAX_LABEL_CLASSES", "MAX_MANIFEST_BYTES", "read_manifest",
+           "shard_name", "validate"]
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -139,6 +148,51 @@ def validate(doc: Any) -> None:
     if "classes" in doc:
         for i, name in enumerate(_list(doc["classes"], "classes")):
             _str(name, f"classes[{i}]")
+    if "order" in doc:
+        _check_order(doc["order"])
+    if "shard_labels" in doc:
+        _check_shard_labels(doc["shard_labels"], len(shards), total, names)
+
+
+def _check_order(order: Any) -> None:
+    """``order``: ``{"kind": "source"}``, or ``{"kind": "shuffled", "seed", "version", "epoch"}``."""
+    kind = _object(order, "order", {"kind"}).get("kind")
+    if kind not in _ORDER_KINDS:
+        raise _Invalid("order.kind", f"{_show(kind)} is not one of {list(_ORDER_KINDS)}")
+    if kind == "source":
+        _object(order, "order", {"kind"}, {"kind"})
+        return
+    keys = {"kind", "seed", "version", "epoch"}
+    _object(order, "order", keys, keys)
+    _int(order["seed"], "order.seed", -(2**63), 2**64)
+    _int(order["version"], "order.version", 1)
+    _int(order["epoch"], "order.epoch", 0)
+
+
+def _check_shard_labels(labels: Any, shards: int, total: int, names: set[str]) -> None:
+    """``shard_labels``: the label field, its count per label, and one label mask per shard (docs/FORMAT.md)."""
+    keys = {"field", "counts", "masks"}
+    labels = _object(labels, "shard_labels", keys, keys)
+    if labels["field"] != LABEL_FIELD or LABEL_FIELD not in names:
+        raise _Invalid("shard_labels.field", f"{_show(labels['field'])}: the labels counted are those of a "
+                                             f"schema field {LABEL_FIELD!r}")
+    counts = _list(labels["counts"], "shard_labels.counts")
+    if not 1 <= len(counts) <= MAX_LABEL_CLASSES:
+        raise _Invalid("shard_labels.counts", f"{len(counts)} labels; 1 to {MAX_LABEL_CLASSES}")
+    summed = sum(_int(c, f"shard_labels.counts[{i}]", 0) for i, c in enumerate(counts))
+    if summed != total:
+        raise _Invalid("shard_labels.counts", f"the counts add up to {summed}, the dataset holds {total} samples")
+    masks = _list(labels["masks"], "shard_labels.masks")
+    if len(masks) != shards:
+        raise _Invalid("shard_labels.masks", f"{len(masks)} masks for {shards} shards")
+    present = sum(1 << i for i, c in enumerate(counts) if c)
+    for i, mask in enumerate(masks):
+        text = _str(mask, f"shard_labels.masks[{i}]")
+        if not _MASK.fullmatch(text):
+            raise _Invalid(f"shard_labels.masks[{i}]", f"{_show(text)} is not 1 to 16 lowercase hex digits")
+        value = int(text, 16)
+        if value == 0 or value & ~present:
+            raise _Invalid(f"shard_labels.masks[{i}]", f"{_show(text)} names no label, or a label without samples")
 
 
 def _check_identity(doc: Mapping[str, Any], version: int, has_shards: bool) -> None:

@@ -16,12 +16,13 @@ import numpy as np
 import torch
 
 from .._extension import require as native_core
-from ..errors import ArgumentError, DatasetError, RemoteError
+from ..errors import ArgumentError, CorruptRecordError, CorruptShardError, DatasetError, RemoteError
 from ..format._manifest import Manifest, load_manifest
 from ..format._record import Field, max_sample_bytes
 from ..format._shard_files import check_shard_files
 from ..format._splits import resolve_dataset_path
 from ..storage import CachedDataset, RemoteSpec, is_remote, open_remote, reopen_cached
+from ..storage._heal import advised, heal_shard, names_file
 from ._subset import ShardSubset
 
 _HOLD_ATTEMPTS = 20  # a windowed shard evicted between its fetch and its hold this often: an error
@@ -196,7 +197,7 @@ class ShardDataset(torch.utils.data.Dataset):
         shard, key = self.locate(int(index))
         out = [np.empty(f.nbytes, dtype=np.uint8) if wanted else None
                for f, wanted in zip(self.manifest.fields, self._wanted)]
-        self._env(shard).decode_rows(np.array([key], np.uint64), np.zeros(1, np.uint64), out)
+        self._decode(shard, np.array([key], np.uint64), np.zeros(1, np.uint64), out)
         return [a.view(f.np_dtype).reshape(f.shape) for a, f in zip(out, self.manifest.fields) if a is not None]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
@@ -222,8 +223,45 @@ class ShardDataset(torch.utils.data.Dataset):
             keys.append(key)
             positions.append(position)
         for shard, (keys, positions) in by_shard.items():
-            self._env(shard).decode_rows(np.array(keys, np.uint64), np.array(positions, np.uint64), rows)
+            self._decode(shard, np.array(keys, np.uint64), np.array(positions, np.uint64), rows)
         return tensors
+
+    def _decode(self, shard: int, keys: np.ndarray, positions: np.ndarray, out: list[Any]) -> None:
+        """Decode records ``keys`` of ``shard`` into rows ``positions`` of ``out`` (``decode_rows``).
+
+        A remote dataset's cached copy found damaged (a record's checksum, the LMDB structure) is healed
+        (``storage/_heal.py``: downloaded again when it no longer matches its manifest) and read again,
+        once; a second failure is the typed error, its message saying what to run. A local dataset's
+        error is raised as it is.
+        """
+        info = self.manifest.shards[shard]
+        try:
+            self._env(shard).decode_rows(keys, positions, out)
+            return
+        except (CorruptRecordError, CorruptShardError) as err:
+            if self._cached is None or not names_file(err, self.path / info.file):
+                raise
+            damage: Exception = err
+        self._forget(shard)
+        assert self.url is not None
+        heal_shard(self._cached.fetcher, shard, info, damage, self.url)
+        try:
+            self._env(shard).decode_rows(keys, positions, out)
+        except (CorruptRecordError, CorruptShardError) as again:
+            if not names_file(again, self.path / info.file):
+                raise
+            self._forget(shard)
+            raise advised(again, self.url, info) from None
+        except RemoteError as failed:  # set aside by another process that heals it, and fetching it failed here
+            raise advised(damage, self.url, info, f"it was set aside to be downloaded again, which failed: {failed}") \
+                from None
+
+    def _forget(self, shard: int) -> None:
+        """Unmap ``shard`` in this process and let go of its hold (a windowed version's), if any."""
+        self._envs.pop(shard, None)
+        hold = self.__dict__.get("_holds", {}).pop(shard, None)
+        if hold is not None:
+            hold.release()
 
     def subset(self, indices: Any) -> Any:
         """Return a :class:`~fastload.ShardSubset`: the samples ``indices`` (integers in range), in that order.

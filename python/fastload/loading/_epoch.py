@@ -7,6 +7,10 @@ The iterator knows nothing of the loader: the loader hands it callbacks
 still takes effect (trainers call ``iter()`` before their epoch hooks). A pass
 *ends* once: complete when it delivers its last batch, abandoned when it is
 closed (``break``, ``del``, an exception) before that; ``ended`` tells the loader.
+
+A pass may be repaired instead of ended by an error (``heal``: a damaged file in a cache replaced):
+the batches in flight are dropped (the source closed), and the pass goes on from the batch that
+failed (``resume``), so it still delivers exactly its plan's batches.
 """
 
 from __future__ import annotations
@@ -38,11 +42,18 @@ class PassHooks:
     ``begin(it)`` fixes the pass's epoch and plan and returns them with the
     batch iterator; ``ended(it, complete)`` reports the end of the pass;
     ``remaining()`` is how many batches a pass started now would deliver.
+    ``heal(it, error)``, when given, repairs the cause of an error that
+    ``begin`` or the batches raised and returns True (the pass goes on), or
+    returns False (the error ends the pass as it is), or raises the error to
+    end it with; ``resume(it)`` then returns the batches of the pass from
+    ``it.delivered`` on (after ``begin``; before it, ``begin`` is asked again).
     """
 
     begin: Callable[[EpochIterator], tuple[int, EpochPlan, Iterator[Batch]]]
     ended: Callable[[EpochIterator, bool], None]
     remaining: Callable[[], int]
+    heal: Callable[[EpochIterator, Exception], bool] | None = None
+    resume: Callable[[EpochIterator], Iterator[Batch]] | None = None
 
 
 class EpochIterator:
@@ -61,6 +72,7 @@ class EpochIterator:
         self._wait = 0.0
         self._started = time.perf_counter()
         self._busy = threading.Lock()  # one consumer at a time (issue 10)
+        self.repaired: set[Any] = set()  # what ``heal`` repaired in this pass (its own keys: once each)
 
     def __iter__(self) -> EpochIterator:
         return self
@@ -92,7 +104,7 @@ class EpochIterator:
             raise StopIteration
         start = clock()
         try:
-            batch = next(inner, None)
+            batch = self._next_healed(inner)
         except BaseException:
             self._wait += clock() - start
             self._end(complete=False)
@@ -107,9 +119,45 @@ class EpochIterator:
         return batch
 
     def _inner_from_begin(self) -> tuple[int, EpochPlan, Iterator[Batch]]:
-        epoch, plan, inner = self._hooks.begin(self)
+        while True:
+            try:
+                epoch, plan, inner = self._hooks.begin(self)
+                break
+            except Exception as err:
+                if self._hooks.heal is None or not self._hooks.heal(self, err):
+                    raise
         self._inner, self._length, self._started = inner, len(plan), time.perf_counter()
         return epoch, plan, inner
+
+    def _next_healed(self, inner: Iterator[Batch]) -> Batch | None:
+        """Return the next batch of ``inner`` (None: it ran out); an error ``heal`` repaired resumes the pass.
+
+        Before ``heal`` runs, the source is closed: its threads joined and the batches in flight dropped
+        (they are read again by the resumed pass). Each repair is of a cause ``heal`` had not repaired
+        before in this pass (``repaired``), so the loop ends.
+        """
+        heal, resume = self._hooks.heal, self._hooks.resume
+        current: Iterator[Batch] | None = inner
+        while True:
+            try:
+                if current is None:
+                    assert resume is not None
+                    current = self._inner = resume(self)
+                return next(current, None)
+            except Exception as err:
+                if heal is None or resume is None:
+                    raise
+                self._close_inner()
+                current = None
+                if not heal(self, err):
+                    raise
+
+    def _close_inner(self) -> None:
+        """Close the current source of batches (joins its threads) and leave an exhausted one in its place."""
+        inner, self._inner = self._inner, iter(())
+        close = getattr(inner, "close", None)
+        if close is not None:
+            close()
 
     @property
     def started(self) -> bool:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .._extension import require as native_core
-from ..errors import ArgumentError
+from ..errors import ArgumentError, FastloadError
 from ..sampling._order import EpochOrder
 from ..sampling._sampling import ArrayOrder
 from ._augment import Augment, BatchTransform, check_dataset_class
@@ -28,6 +28,7 @@ from ._remote_shards import (
     check_cache_fits,
     fetch_ahead,
     follow_pass,
+    heal_damaged_shard,
     is_remote_dataset,
     remote_fetchers,
     shards_missing,
@@ -36,7 +37,7 @@ from ._sampler import EpochBatchSampler, EpochSampler
 from ._sampling_setup import WithSource, dataset_fingerprint
 from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec, usable_cores
 from ._state import MAX_EPOCH, check_state, make_state
-from ._torch_backend import OrderBatchSampler, make_dataloader, workers_for_platform
+from ._torch_backend import OrderBatchSampler, make_dataloader, relay_notices, workers_for_platform
 from ._warm_up import WarmUp, start_warm_up
 
 _log = logging.getLogger(__name__)
@@ -334,7 +335,8 @@ class ShardLoader:
 
     def __iter__(self) -> EpochIterator:
         """Return a pass over the next epoch; it fixes its epoch, split and position at its first ``next()``."""
-        return EpochIterator(PassHooks(self._begin_pass, self._end_pass, self._next_pass_len))
+        return EpochIterator(PassHooks(self._begin_pass, self._end_pass, self._next_pass_len, self._heal_pass,
+                                       self._resume_pass))
 
     def _parts(self) -> list[ShardDataset]:
         """Return the datasets laid end to end in this loader's index space (one, unless it reads a concat)."""
@@ -370,7 +372,12 @@ class ShardLoader:
         if self._advance:  # the last pass was abandoned: this one reads the next epoch
             self._epoch, self._start, self._advance = self._epoch + 1, 0, False
         epoch, plan = self._epoch, self._plan(self._start, self._epoch)
-        order = self._order(epoch)
+        inner = self._pass_batches(self._order(epoch), plan, epoch)
+        self._active = weakref.ref(it)
+        return epoch, plan, inner
+
+    def _pass_batches(self, order: EpochOrder | ArrayOrder, plan: EpochPlan, epoch: int) -> Iterator[Batch]:
+        """Return the batches of ``plan`` (of epoch ``epoch``, in ``order``), through this loader's backend."""
         if self.backend == "native":
             inner: Iterator[Batch] = self._iter_native(order, plan, epoch)
         else:
@@ -384,15 +391,42 @@ class ShardLoader:
             fetchers = remote_fetchers(datasets)
             if fetchers and len(plan):  # downloads (and a windowed dataset's eviction) follow where the pass is
                 inner = follow_pass(inner, fetchers)
+            notices = getattr(self._dataloader.dataset, "notices", None)
+            if notices is not None and len(plan):  # workers that healed a damaged cache file: warned here
+                inner = relay_notices(inner, notices)
         if self.device is not None or self._transfer_ops is not None:
             ops = self._transfer_ops
             if ops is None:
                 assert self.device is not None
                 ops = CudaOps(self.device)
             inner = DevicePrefetcher(inner, ops, self.max_copies_in_flight)
-        inner = self.augment.finish(inner, epoch, lambda b: int(plan.batch_positions(b)[0]), self.device)
-        self._active = weakref.ref(it)
-        return epoch, plan, inner
+        return self.augment.finish(inner, epoch, lambda b: int(plan.batch_positions(b)[0]), self.device)
+
+    def _heal_pass(self, it: EpochIterator, error: Exception) -> bool:
+        """Heal the damaged cached shard of a remote dataset that ``error`` names; return whether the pass goes on.
+
+        The native backend's (the torch backend's datasets heal as they read): the shard is detached from
+        the native shard set, its cached copy checked against its manifest and downloaded again when it no
+        longer matches (``storage/_heal.py``), and the pass resumes from the batch that failed
+        (``_resume_pass``). False for any other error, or a local dataset's: the pass ends with it.
+        """
+        if self.backend != "native":
+            return False
+        shard_sets = self._shards if isinstance(self._shards, list) else [self._shards]
+        if not heal_damaged_shard(self._parts(), shard_sets, error, it.repaired):
+            return False
+        if not all(isinstance(s, RemoteShardSet) for s in shard_sets if s is not None):
+            self._shards = None  # an eager set maps the file it opened: the resumed pass opens them again
+        return True
+
+    def _resume_pass(self, it: EpochIterator) -> Iterator[Batch]:
+        """Return the batches of a started pass from ``it.delivered`` on: the rest of its plan, exactly."""
+        assert it.epoch is not None and it.plan is not None
+        plan = self._plan(it.plan.position_after(it.delivered), it.epoch)
+        if len(plan) != len(it.plan) - it.delivered:  # the split changed under the pass (torch.distributed)
+            raise FastloadError(f"a pass over {len(it.plan)} batches cannot resume after batch {it.delivered}: "
+                                f"its rank's share of the epoch changed")
+        return self._pass_batches(self._order(it.epoch), plan, it.epoch)
 
     def _end_pass(self, it: EpochIterator, complete: bool) -> None:
         """End a pass (its last batch delivered, or closed early): the next pass reads the next epoch."""

@@ -23,6 +23,7 @@ import numpy as np
 from .._extension import require as native_core
 from ..errors import ArgumentError, RemoteError
 from ..storage import NeedPlan
+from ..storage._heal import advised, heal_shard, is_damage, names_file
 from ._dataset import ShardDataset
 
 
@@ -108,25 +109,32 @@ def fetch_ahead(datasets: Sequence[ShardDataset], indices: np.ndarray, batch_siz
 
 
 def check_cache_fits(datasets: Sequence[ShardDataset], shuffle: bool, sampling: Any) -> None:
-    """Refuse, at construction, an order whose working set cannot fit the room of a windowed remote dataset.
+    """Claim, at construction, the room the order needs in each windowed remote dataset; refuse one that cannot fit.
 
     A windowed dataset (larger than the room ``cache_limit`` leaves it) holds a window of shards at a
     time: ``shuffle_window=K`` needs room for ``2 K`` shards (a window read while the next one
     downloads), ``shuffle=False`` for 2; a global shuffle, weights, ``indices=`` or a mixture read
-    every shard all epoch long and need the whole dataset.
+    every shard all epoch long and need the whole dataset. The need is claimed in the cache
+    (``storage/_room.py``: the window holds what its readers claimed, not all the room there is), so
+    other datasets and processes get the rest. An order that could not fit even with no other
+    dataset in use is an ArgumentError naming what fits; one that fits but finds the room held by
+    datasets in use waits for them (bounded), then a RemoteError names them.
     """
     for ds in datasets:
-        window = ds._cached.window if is_remote_dataset(ds) else None  # type: ignore[union-attr]
-        if window is None:
+        cached = ds._cached if is_remote_dataset(ds) else None
+        if cached is None or cached.window is None:
             continue
-        window -= (ds.path / "manifest.json").stat().st_size  # the room for shards (the manifest counts in it)
+        room = cached.room_for_shards()
+        if room is None:
+            continue
         full = sum(s.bytes for s in ds.manifest.shards)
         largest = max(s.bytes for s in ds.manifest.shards)
-        fits = window // (2 * largest)
-        short = (f"{ds.url}: its {full} bytes of shards do not fit the {window} bytes cache_limit leaves it, so it is "
+        fits = room // (2 * largest)
+        short = (f"{ds.url}: its {full} bytes of shards do not fit the {room} bytes cache_limit leaves it, so it is "
                  f"read a window of shards at a time")
         if sampling.mode == "shard_window":
-            if 2 * sampling.window * largest > window:
+            need = 2 * sampling.window * largest
+            if need > room:
                 raise ArgumentError(f"{short}: shuffle_window={sampling.window} needs room for "
                                     f"{2 * sampling.window} shards of up to {largest} bytes (a window read while the "
                                     f"next one downloads); "
@@ -138,9 +146,12 @@ def check_cache_fits(datasets: Sequence[ShardDataset], shuffle: bool, sampling: 
                     "no shuffle_window fits either")
             raise ArgumentError(f"{short}: {what} reads every shard all epoch long and needs the whole dataset in "
                                 f"the cache; {hint}, or raise cache_limit to {full} bytes at least")
-        elif 2 * largest > window:
-            raise ArgumentError(f"{short}: reading it in order needs room for 2 shards of up to {largest} bytes; "
-                                "raise cache_limit")
+        else:
+            need = 2 * largest
+            if need > room:
+                raise ArgumentError(f"{short}: reading it in order needs room for 2 shards of up to {largest} bytes; "
+                                    "raise cache_limit")
+        cached.claim(need)
 
 
 def remote_fetchers(datasets: Sequence[ShardDataset]) -> list[Any]:
@@ -310,8 +321,54 @@ class RemoteShardSet:
             hold.release()
         return True
 
+    def forget(self, dataset: ShardDataset, index: int) -> bool:
+        """Detach shard ``index`` of ``dataset`` (one of this set's) to drop its mapping; False if it is not here.
+
+        Before its cached file is replaced (a damaged copy healed): it is attached again, from the new
+        file, when a batch reads it (or its download completes).
+        """
+        first = 0
+        for ds in self.datasets:
+            if ds is dataset:
+                return self.release(first + index)
+            first += len(ds.manifest.shards)
+        return False
+
 
 _ATTACH_ATTEMPTS = 20
+
+
+def heal_damaged_shard(datasets: Sequence[ShardDataset], shard_sets: Sequence[Any], error: Exception,
+                       healed: set[Any]) -> bool:
+    """Heal the cached shard of a remote dataset among ``datasets`` that ``error`` names; return whether to go on.
+
+    ``error``: a CorruptRecordError or CorruptShardError the native reader raised. False when it names
+    no remote dataset's cached shard (a local dataset's file, another error): it stands as it is. The
+    shard is detached from the :class:`RemoteShardSet` sets among ``shard_sets`` (its mapping dropped),
+    then healed (``storage/_heal.py``: downloaded again when its copy no longer matches its manifest),
+    and the read may go on: it reads the shard afresh. ``healed``: the shards healed before in this pass;
+    one of them damaged again raises ``error`` with what to do in its message (as does a failed download).
+    """
+    if not is_damage(error):
+        return False
+    named = Path(getattr(error, "path", ""))
+    for n, ds in enumerate(datasets):
+        if not is_remote_dataset(ds) or not names_file(error, ds.path / named.name):
+            continue
+        index = next((i for i, s in enumerate(ds.manifest.shards) if s.file == named.name), None)
+        if index is None:
+            continue
+        shard = ds.manifest.shards[index]
+        assert ds.url is not None
+        if (n, index) in healed:
+            raise advised(error, ds.url, shard) from None
+        healed.add((n, index))
+        for shard_set in shard_sets:
+            if isinstance(shard_set, RemoteShardSet):
+                shard_set.forget(ds, index)
+        heal_shard(ds._cached.fetcher, index, shard, error, ds.url)  # type: ignore[union-attr]
+        return True
+    return False
 
 
 def check_batches_fit(dataset: ShardDataset, plan: NeedPlan) -> None:

@@ -9,7 +9,9 @@ import numpy as np
 import torch
 
 from ..errors import ArgumentError, ArgumentTypeError
+from ..format._manifest import shard_label_sets
 from ..sampling._alias import real_weights
+from ..sampling._class_mix import warn_if_sorted
 from ..sampling._sampling import MAX_EPOCH_POSITIONS, Sampling, SubsetSampling, WeightedSampling
 from ..sampling._windows import ShardWindowSampling, check_window
 from ._compose import SOURCE_FIELD, ConcatShardDataset, MixedShardDataset, check_indices
@@ -77,7 +79,25 @@ def window_sampling(dataset: ShardDataset | ConcatShardDataset, shuffle: bool, i
     sizes = [shard.count for part in parts for shard in part.manifest.shards]
     sampling = ShardWindowSampling(sizes, window)
     sampling.check(len(dataset))
+    warn_sorted_labels(parts, window)
     return sampling
+
+
+def warn_sorted_labels(parts: list[ShardDataset], window: int) -> None:
+    """Warn when windows of ``window`` shards hold few classes (``sampling._class_mix``), from the manifests alone.
+
+    Datasets whose manifests record no per-shard labels (older ones, no integer ``label`` field) give no warning.
+    """
+    found = [shard_label_sets(part.manifest) for part in parts]
+    if not found or any(f is None for f in found):
+        return
+    labelled = [f for f in found if f is not None]
+    classes = max(len(counts) for counts, _ in labelled)
+    counts = [sum(c[k] for c, _ in labelled if k < len(c)) for k in range(classes)]
+    masks = [m for _, part_masks in labelled for m in part_masks]
+    sizes = [shard.count for part in parts for shard in part.manifest.shards]
+    # stacklevel: warn_if_sorted, here, window_sampling, make_sampling, OrderSpec.build, ShardLoader, its caller
+    warn_if_sorted(counts, masks, sizes, window, stacklevel=6)
 
 
 def dataset_fingerprint(dataset: ShardDataset | ConcatShardDataset) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import platform
 import random
 import warnings
@@ -12,11 +13,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from ..errors import FastloadWarning
 from ..sampling._sampling import IndexOrder
+from ..storage._heal import set_warning_sink
 from ._augment import Augment
 from ._compose import ConcatShardDataset
 from ._dataset import ShardDataset
 from ._plan import EpochPlan
+from ._remote_shards import is_remote_dataset
 
 
 class IndexBatch(list):
@@ -62,6 +66,8 @@ class BatchFetch(torch.utils.data.Dataset):
     def __init__(self, dataset: ShardDataset | ConcatShardDataset, augment: Augment | None = None) -> None:
         self.dataset = dataset
         self.augment = augment
+        # Workers' warnings about damaged cache files they healed, for the main process to warn (relay_notices).
+        self.notices: Any = None
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -83,10 +89,44 @@ def collate_batch(batch: Any) -> Any:
 
 
 def seed_worker(worker_id: int) -> None:
-    """``worker_init_fn``: seed ``random`` and ``numpy`` from the worker's torch seed (base seed + worker id)."""
+    """``worker_init_fn``: seed ``random`` and ``numpy`` from the worker's torch seed (base seed + worker id).
+
+    A worker over a remote dataset also hands its heal warnings (``storage/_heal.py``) to the main process.
+    """
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)
+    info = torch.utils.data.get_worker_info()
+    notices = getattr(info.dataset, "notices", None) if info is not None else None
+    if notices is not None:
+        set_warning_sink(notices.put)
+
+
+def relay_notices(batches: Iterator[Any], notices: Any) -> Iterator[Any]:
+    """Yield ``batches``; warn, in this process, what the DataLoader workers reported (``seed_worker``).
+
+    A worker reports a heal before it sends the batch that read the healed file, so the warning comes
+    by the time that batch is delivered (and at the end of the pass, however it ends).
+    """
+    try:
+        for batch in batches:
+            _warn_notices(notices)
+            yield batch
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+        _warn_notices(notices)
+
+
+def _warn_notices(notices: Any) -> None:
+    while not notices.empty():
+        warnings.warn(notices.get(), FastloadWarning, stacklevel=3)
+
+
+def _has_remote(dataset: ShardDataset | ConcatShardDataset) -> bool:
+    parts = dataset.datasets if isinstance(dataset, ConcatShardDataset) else [dataset]
+    return any(is_remote_dataset(ds) for ds in parts)
 
 
 def workers_for_platform(num_workers: int | str) -> int:
@@ -122,5 +162,8 @@ def make_dataloader(dataset: ShardDataset | ConcatShardDataset, sampler: OrderBa
             kwargs["multiprocessing_context"] = "fork"
     generator = torch.Generator()
     generator.manual_seed(seed & (2**63 - 1))
-    return DataLoader(BatchFetch(dataset, augment), batch_sampler=sampler, num_workers=num_workers,
+    fetch = BatchFetch(dataset, augment)
+    if num_workers > 0 and _has_remote(dataset):  # workers heal damaged cache files: their warnings come here
+        fetch.notices = multiprocessing.get_context(kwargs.get("multiprocessing_context")).SimpleQueue()
+    return DataLoader(fetch, batch_sampler=sampler, num_workers=num_workers,
                       pin_memory=pin_memory, generator=generator, collate_fn=collate_batch, **kwargs)

@@ -26,18 +26,17 @@ several. A process reading a dataset holds a shared lock on ``<version dir>/.rea
 long as it reads, and eviction deletes only versions whose readers lock it can take exclusively, so a
 shard being read is never deleted or replaced under a reader.
 
-Accounting: a version counts toward ``cache_limit`` at the size of all its shards from the moment its
-manifest is placed (room is made for the whole version when it is opened), whether its shards are
-downloaded yet or not, so versions filled lazily by several processes never overrun the bound.
+Accounting, eviction and room by need are ``storage/_room.py``'s; links and permissions
+``storage/_cache_fs.py``'s (nothing below ``cache_dir`` is reached through a link).
 
 Windows of a version: a version larger than the room ``cache_limit`` leaves it (after evicting the
-versions nobody reads) is opened *windowed*: it may hold ``<version dir>/.window`` bytes (the room
-there was), and counts at that. Its shards then come and go: before a shard is downloaded, room is
-made for it under the cache lock (``storage/_window.py``: shards of the version that no process
-holds, the one needed latest first), and its ``.part`` file is created at its full size (sparse), so
-downloads in flight count at their full size in every process's sum. A process reading a shard of a
-windowed version holds a shared lock on ``<version dir>/.<shard file>.readers`` (``hold_shard``);
-eviction deletes a shard only when it takes that lock exclusively.
+versions nobody reads) is opened *windowed*: it may hold ``<version dir>/.window`` bytes (what its
+loaders claimed, ``storage/_room.py``), and counts at that. Its shards then come and go: before a
+shard is downloaded, room is made for it under the cache lock (``storage/_window.py``: shards of the
+version that no process holds, the one needed latest first), and its ``.part`` file is created at its
+full size (sparse), so downloads in flight count at their full size in every process's sum. A process
+reading a shard of a windowed version holds a shared lock on ``<version dir>/.<shard file>.readers``
+(``hold_shard``); eviction deletes a shard only when it takes that lock exclusively.
 """
 
 from __future__ import annotations
@@ -47,19 +46,21 @@ import itertools
 import json
 import os
 import re
-import shutil
+import stat
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import xxhash
 
-from ..errors import ArgumentError, ArgumentTypeError, DatasetError, RemoteError, RemoteNotFoundError
+from ..errors import ArgumentError, ArgumentTypeError, DatasetError, FastloadWarning, RemoteError
 from ..format._manifest import HASH_ALGORITHM, ShardInfo, file_hash, load_manifest
 from ..format._page_cache import write_aligned
-from ._client import RemoteRoot
+from ._cache_fs import check_cache_dir, is_real_file, open_new, real_dir, unlink_in
+from ._client import RemoteRoot, Retries, TransientError
 from ._locks import FileLock
 from ._urls import redact
 
@@ -168,23 +169,27 @@ def check_boot(cache_dir: Path, current: str | None = None) -> None:
             windowed = window_bytes(version) is not None
             for name in _shard_names(version):
                 path = version / name
-                if path.is_file():
+                if is_real_file(path):
                     if windowed:
                         path.unlink(missing_ok=True)
                     else:
                         os.replace(path, unverified_path(path))
-    part = cache_dir / f"{BOOT_MARKER_NAME}.part-{os.getpid()}-{threading.get_ident()}"
-    with open(part, "w", encoding="ascii") as f:
-        f.write(current)
+    part = cache_dir / f"{BOOT_MARKER_NAME}.part-{os.getpid()}-{threading.get_ident()}-{next(_ATTEMPTS)}"
+    with open_new(part) as f:
+        f.write(current.encode("ascii", "replace"))
         f.flush()
         os.fsync(f.fileno())  # the demotions are renames: durable before (or with) this marker, never after
     os.replace(part, marker)
 
 
 def cache_lock(cache_dir: Path) -> FileLock:
-    """Take the cache-wide lock (blocking): one process fills or evicts at a time."""
+    """Take the cache-wide lock (blocking): one process fills or evicts at a time.
+
+    ``cache_dir`` is created private when missing, and refused when others could plant files in it
+    (``storage/_cache_fs.py``).
+    """
+    check_cache_dir(cache_dir)
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
         return FileLock(cache_dir / CACHE_LOCK_NAME, exclusive=True)
     except OSError as err:
         raise RemoteError(f"cache directory {cache_dir}: {err.strerror or err}") from None
@@ -227,124 +232,19 @@ def window_bytes(version: Path) -> int | None:
     return window if window > 0 else None  # damaged: the version is rewritten whole by the next open
 
 
-def _set_window(version: Path, window: int | None) -> None:
+def set_window(version: Path, window: int | None) -> None:
+    """Record the bytes windowed ``version`` may hold (None: it is not windowed); call with the cache lock held."""
     if window is None:
         (version / WINDOW_NAME).unlink(missing_ok=True)
         return
-    part = version / f"{WINDOW_NAME}.part-{os.getpid()}"
-    part.write_text(str(window))
+    part = version / f"{WINDOW_NAME}.part-{os.getpid()}-{threading.get_ident()}-{next(_ATTEMPTS)}"
+    with open_new(part) as f:
+        f.write(str(window).encode("ascii"))
     os.replace(part, version / WINDOW_NAME)
 
 
-def committed_bytes(cache_dir: Path, leaving_out: Path | None = None) -> int:
-    """Return the bytes the cache holds or has promised: each version at least at the size it may grow to.
-
-    ``leaving_out``: a version not counted (the one room is being made for); its files are not counted as
-    lying outside versions either.
-    """
-    versions = set(cached_versions(cache_dir))
-    if leaving_out is not None:
-        versions.add(leaving_out)
-    outside, sizes = _bytes_by_version(cache_dir, versions)
-    return outside + sum(max(size, _promised(v)) for v, size in sizes.items() if v != leaving_out)
-
-
-def _bytes_by_version(cache_dir: Path, versions: set[Path]) -> tuple[int, dict[Path, int]]:
-    """Return the bytes of the files outside ``versions`` and those of each version, from one walk of the cache.
-
-    One walk, not one of the cache and one per version subtracted from it: a download is renamed from its
-    ``.part`` name with no lock held, and a name listed before the rename and looked up after it is missed.
-    Missed by one walk and counted by another, it took one shard off the bytes outside versions (below
-    zero), and a windowed version's room came out one shard larger than ``cache_limit`` allows.
-    """
-    sizes = dict.fromkeys(versions, 0)
-    outside = 0
-    for dirpath, _, files in os.walk(cache_dir):
-        parts = Path(dirpath).relative_to(cache_dir).parts
-        version = cache_dir / parts[0] / parts[1] if len(parts) >= 2 else None
-        bytes_here = 0
-        for name in files:
-            try:
-                bytes_here += os.stat(os.path.join(dirpath, name)).st_size
-            except OSError:  # removed (or renamed) meanwhile
-                pass
-        if version in sizes:
-            sizes[version] += bytes_here
-        else:
-            outside += bytes_here
-    return outside, sizes
-
-
-def _promised(version: Path) -> int:
-    """Return the bytes a version may grow to: its shards' full size and its own files, or its window."""
-    window = window_bytes(version)
-    full = _full_size(version) + _meta_bytes(version)
-    return full if window is None else min(full, window)
-
-
-def _meta_bytes(version: Path) -> int:
-    """Return the bytes of a version's own files: its manifest, and room for its ``.window``."""
-    try:
-        return (version / "manifest.json").stat().st_size + 32
-    except OSError:
-        return 32
-
-
-def _full_size(version: Path) -> int:
-    return sum(_shard_sizes(version))  # a damaged manifest: 0, it counts at what it holds
-
-
-def make_room(cache_dir: Path, keep: Path, limit: int | None) -> int | None:
-    """Make room for version ``keep`` within ``limit``; return its window, or None when all its shards fit.
-
-    Call with the cache lock held. Cached versions nobody reads are evicted, least recently used
-    first, until ``keep`` fits whole. When it cannot (the versions in use and ``limit`` leave too
-    little room), ``keep`` is windowed: it may hold the room there is (recorded in its ``.window``),
-    and its shards are evicted one by one as they are read (``storage/_window.py``). Raise
-    RemoteError when that room cannot hold its largest shard, and on Windows (where no shard can
-    be evicted under a reader's mapping) whenever the version does not fit whole.
-    """
-    if limit is None:
-        _set_window(keep, None)
-        return None
-    full = _full_size(keep) + _meta_bytes(keep)  # the shards and the version's own files (its manifest)
-    largest = max((int(s) for s in _shard_sizes(keep)), default=0) + _meta_bytes(keep)
-
-    def others() -> int:  # every other version at what it may grow to, and what lies outside versions
-        return committed_bytes(cache_dir, leaving_out=keep)
-
-    used = others()
-    for version in sorted(cached_versions(cache_dir), key=_last_used):
-        if used + full <= limit:
-            break
-        if version == keep:
-            continue
-        lock = FileLock.try_exclusive(version / READERS_LOCK_NAME)
-        if lock is None:  # being read
-            continue
-        with lock:
-            shutil.rmtree(version, ignore_errors=True)
-        used = others()  # what is really gone (a file another system keeps open stays)
-    if used + full <= limit:
-        _set_window(keep, None)
-        return None
-    room = limit - used
-    if room < largest or sys.platform == "win32":
-        held = f"; {used} bytes are held by datasets in use" if used else ""
-        raise RemoteError(f"cache {cache_dir}: cache_limit={limit} bytes{held}, which leaves {max(room, 0)} bytes "
-                          f"for this dataset's {full} bytes of shards"
-                          + (f" (its largest shard and its manifest are {largest} bytes; "
-                             "a dataset larger than its room is read a window of shards at a time, "
-                             "which needs room for its largest shard at least)" if sys.platform != "win32" else
-                             " (on Windows a dataset must fit its cache whole)")
-                          + "; raise cache_limit or leave it unset")
-    _set_window(keep, room)
-    for leftover in keep.glob(f".*{UNVERIFIED_SUFFIX}"):  # a windowed version's shards come and go: not kept whole
-        leftover.unlink(missing_ok=True)
-    return room
-
-
-def _shard_sizes(version: Path) -> list[int]:
+def shard_sizes(version: Path) -> list[int]:
+    """Return the sizes of a version's shards as its manifest lists them (none when it is damaged)."""
     try:
         doc = json.loads((version / "manifest.json").read_bytes())
         return [int(s["bytes"]) for s in doc["shards"]]
@@ -368,20 +268,49 @@ def cached_versions(cache_dir: Path) -> list[Path]:
     """Return the dataset versions in the cache: only the directories fastload made.
 
     That is ``<name>-<hash>/<hash>`` holding a manifest and a readers lock, never anything else a
-    user keeps under ``cache_dir``.
+    user keeps under ``cache_dir``, and never through a symbolic link: a link where a dataset or a
+    version directory would be is left alone, with a warning naming it (``storage/_cache_fs.py``).
     """
     found = []
-    for dataset in cache_dir.iterdir():
-        if not (dataset.is_dir() and _VERSION_DIR.fullmatch(dataset.name)):
+    for dataset in _entries(cache_dir):
+        if not _VERSION_DIR.fullmatch(dataset.name) or not _real_dir_entry(cache_dir, dataset):
             continue
-        for version in dataset.iterdir():
-            if (version.is_dir() and _VERSION.fullmatch(version.name) and (version / READERS_LOCK_NAME).is_file()
-                    and (version / "manifest.json").is_file()):
-                found.append(version)
+        for version in _entries(Path(dataset.path)):
+            if (_VERSION.fullmatch(version.name) and _real_dir_entry(cache_dir, version)
+                    and is_real_file(Path(version.path) / READERS_LOCK_NAME)
+                    and is_real_file(Path(version.path) / "manifest.json")):
+                found.append(Path(version.path))
     return found
 
 
-def _last_used(version: Path) -> float:
+def _entries(directory: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+def _real_dir_entry(cache_dir: Path, entry: os.DirEntry[str]) -> bool:
+    """Return whether ``entry`` is a directory itself; warn (once per name) when it is a link planted there."""
+    try:
+        if entry.is_symlink():
+            if entry.path not in _WARNED_LINKS:
+                _WARNED_LINKS.add(entry.path)
+                warnings.warn(f"cache {cache_dir}: {entry.path} is a symbolic link where fastload keeps its dataset "
+                              f"directories: not followed, never evicted through; remove it (someone else may have "
+                              f"planted it)", FastloadWarning, stacklevel=3)
+            return False
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+_WARNED_LINKS: set[str] = set()  # links already named in a warning, by this process
+
+
+def last_used(version: Path) -> float:
+    """Return when a version was last opened (its readers lock's mtime; eviction takes the oldest first)."""
     try:
         return (version / READERS_LOCK_NAME).stat().st_mtime
     except OSError:
@@ -389,11 +318,15 @@ def _last_used(version: Path) -> float:
 
 
 def is_whole(path: Path, size: int) -> bool:
-    """Return whether ``path`` is a file of ``size`` bytes: a shard under its final name is whole (it was checked)."""
+    """Return whether ``path`` is a file of ``size`` bytes: a shard under its final name is whole (it was checked).
+
+    A link is never whole: a download replaces it (the rename replaces the link, never its target).
+    """
     try:
-        return path.is_file() and path.stat().st_size == size
+        info = os.lstat(path)
     except OSError:
         return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == size
 
 
 class NoRoom(Exception):
@@ -404,46 +337,52 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
                 stop: threading.Event | None = None, reserve: Callable[[Path], bool] | None = None) -> Path:
     """Return the cached shard, downloading it first when absent; its bytes always match the manifest.
 
-    Call with the shard's lock held (``shard_lock``). A download that does not match (truncated, corrupt, the object
-    replaced) or breaks off (a dropped connection after obstore's own retries) is fetched again,
-    ``attempts`` times in all, then a RemoteError names the URL. A missing object is not retried.
-    ``reserve(part)`` (a windowed version's, ``storage/_window.py``) makes room and creates the
-    ``.part`` file at the shard's full size, or returns False (raised here as NoRoom).
+    Call with the shard's lock held (``shard_lock``). A download that fails for a transient reason (a
+    refused or dropped connection, a 5xx, a body broken off after obstore's own resumptions) starts
+    again from the start, with backoff, within the request budget (``Retries``: ``max_retries``,
+    ``retry_timeout_s``); ``stop`` ends the waits at once (DownloadStopped). One whose bytes do not
+    match the manifest (truncated, corrupt, the object replaced) is fetched again, ``attempts`` times
+    in all. Then a RemoteError names the URL once, with the attempts and the time. A missing object
+    and a refused permission are not retried. ``reserve(part)`` (a windowed version's,
+    ``storage/_window.py``) makes room and creates the ``.part`` file at the shard's full size, or
+    returns False (raised here as NoRoom).
     """
     dest = version / shard.file
     if is_whole(dest, shard.bytes):
         return dest
     if _reverified(dest, shard):  # from before a restart: hashed again, and kept
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    cache_dir = version.parent.parent
+    real_dir(cache_dir, version.parent.name, version.name, create=True)  # no link on the way (storage/_cache_fs.py)
     for stale in dest.parent.glob(dest.name + ".part-*"):  # torn downloads of a process that ended
-        stale.unlink(missing_ok=True)
+        unlink_in(cache_dir, stale)
     part = dest.with_name(f"{dest.name}.part-{os.getpid()}-{threading.get_ident()}-{next(_ATTEMPTS)}")
     try:
         if reserve is not None:
             if not reserve(part):
                 raise NoRoom(shard.file)
         else:
-            part.touch()
+            open_new(part).close()
     except OSError as err:
         raise CacheDiskError(f"cache file {part}: {err.strerror or err} "
                              f"(downloading {root.url_of(shard.file)})") from None
     try:
-        problem = ""
-        for _ in range(attempts):
+        retries, mismatches = Retries(root.options.retries), 0
+        while True:
             try:
                 problem = _download(root, shard, dest, part, stop)
-            except RemoteNotFoundError:
-                raise
-            except RemoteError as err:  # the transfer failed (not the cache's disk: that is CacheDiskError)
-                if isinstance(err, CacheDiskError):
-                    raise
-                problem = str(err)
-                continue
+            except TransientError as err:  # not the cache's disk (CacheDiskError), not a 404 or 403: raised
+                if retries.wait(stop):
+                    continue
+                if stop is not None and stop.is_set():
+                    raise DownloadStopped(shard.file) from None
+                raise retries.failed(err) from None
             if not problem:
                 return dest
-            problem += "; the object does not match its dataset's manifest"
-        raise RemoteError(f"{root.url_of(shard.file)}: {problem} (tried {attempts} times)")
+            mismatches += 1
+            if mismatches >= attempts:
+                raise RemoteError(f"{root.url_of(shard.file)}: {problem}; the object does not match its dataset's "
+                                  f"manifest (tried {attempts} times)")
     finally:
         part.unlink(missing_ok=True)
 
@@ -477,7 +416,7 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: 
 
     def checked_chunks() -> Iterator[memoryview]:
         nonlocal size
-        for chunk in root.stream(shard.file):
+        for chunk in root.stream(shard.file, retry=False):  # fetch_shard tries the download again
             size += len(chunk)
             if size > shard.bytes:
                 return  # said below
@@ -510,6 +449,6 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: 
 def touch(path: Path) -> None:
     """Mark a cached version as used now (eviction takes the least recently used first)."""
     try:
-        os.utime(path, (time.time(), time.time()))
+        os.utime(path, (time.time(), time.time()), follow_symlinks=False)
     except OSError:
         pass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,10 @@ from ._cache import hold_shard, is_whole, shard_lock, window_bytes
 from ._client import RemoteRoot
 from ._fetcher import ShardFetcher
 from ._locks import FileLock
+
+# A windowed version's shard evicted (by another process making room) right after its download this
+# many times in a row, before the worker could look at it: an error naming cache_limit.
+FETCH_ATTEMPTS = 5
 
 
 class ForkedFetcher:
@@ -87,15 +92,37 @@ class ForkedFetcher:
         return all(self.is_here(int(i)) for i in indices)
 
     def ensure(self, index: int, timeout: float | None = None) -> Path:
-        """Return shard ``index``'s path once it is whole: waited for if another process fetches it, else fetched."""
-        if not self.is_here(index):
-            with shard_lock(self._version, self._shards[index].file):  # released when its downloader is done
+        """Return shard ``index``'s path once it is whole: waited for if another process fetches it, else fetched.
+
+        Until this process holds it, a windowed version's shard may be evicted by any process making
+        room (the parent's downloads, another worker's fresh interpreter), also between its download
+        and the look here: it is then fetched again, ``FETCH_ATTEMPTS`` times in all, before a
+        RemoteError says the cache is too small. (The caller holds it next and, when it is gone even
+        then, calls again.)
+        """
+        file = self._shards[index].file
+        for _ in range(FETCH_ATTEMPTS):
+            if self.is_here(index):
+                return self.path(index)
+            with shard_lock(self._version, file):  # released when its downloader is done
                 here = self.is_here(index)
             if not here:
                 fetch_in_fresh_process(self._source_url, self._spec, self._version, index, self._url)
-            if not self.is_here(index):
-                raise RemoteError(f"{self._url}/{self._shards[index].file}: not in the cache after its download")
-        return self.path(index)
+            if self.is_here(index):
+                return self.path(index)
+            if not self.windowed:  # nothing evicts a shard of a version held whole
+                raise RemoteError(f"{self._url}/{file}: not in the cache after its download")
+        raise RemoteError(f"{self._url}/{file}: evicted {FETCH_ATTEMPTS} times right after its download, before this "
+                          "DataLoader worker could read it; the cache is too small for the processes sharing it "
+                          "(raise cache_limit)")
+
+    def refetch(self, index: int) -> Path:
+        """Download shard ``index`` again: its damaged copy was set aside (``storage/_heal.py``); as :meth:`ensure`.
+
+        Nothing here remembers a shard as fetched, so a copy that is gone is fetched again (by the
+        process downloading it already, or a fresh interpreter).
+        """
+        return self.ensure(index)
 
     def close(self) -> None:
         """Do nothing: no thread of its own."""
@@ -121,8 +148,18 @@ def fetch_in_fresh_process(source_url: str, spec: Any, version: Path, index: int
             Exception.__init__(raised, message)
             raise raised
     what = lines[-1].split(":", 1)[0] if lines else "no message"  # an exception's type only: no values shown
+    hint = ""
+    # ``python -m`` reports a package that fails to import as "<python>: Error while finding module
+    # specification for ... (ImportError: ...)": the type is looked for in the whole line.
+    failed_import = re.search(r"\b(ImportError|ModuleNotFoundError|SyntaxError)\b", lines[-1]) if lines else None
+    if failed_import:
+        # The fresh interpreter imports fastload from disk again: an installation or a source tree
+        # changed since this process started (an upgrade, an edit mid-run) fails every such fetch.
+        what = failed_import.group(1)
+        hint = ("; a fresh interpreter could not import fastload: was it reinstalled or edited while this "
+                "process ran?")
     raise RemoteError(f"{url}: the process fetching shard {index} failed (exit status {done.returncode}, "
-                      f"{what})")
+                      f"{what}){hint}")
 
 
 def main() -> int:

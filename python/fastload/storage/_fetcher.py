@@ -9,7 +9,8 @@ manifest, written atomically) under a per-shard file lock, so processes sharing 
 DataLoader workers) never download one shard twice and never see a torn file.
 
 Errors: a shard that cannot be fetched is a RemoteError naming its URL, raised in whoever waits for
-it; a wait is bounded (the storage's own timeouts and retries bound every transfer). A closed fetcher
+it; a wait is bounded (the retry budget, ``retry_timeout_s``, and ``timeout`` bound every download;
+a reader's wait has no shorter bound of its own, so an outage within the budget is ridden out). A closed fetcher
 stops its threads at their next chunk and renames nothing from then on.
 
 A windowed version (larger than its room in the cache, ``storage/_window.py``): before each download
@@ -17,7 +18,8 @@ room is made by evicting shards, the one needed latest by the plan (:meth:`Shard
 the position the reader reached, :meth:`ShardFetcher.at`) first; readers hold the shards they read
 (:meth:`ShardFetcher.hold`) and let go of them when asked (:meth:`ShardFetcher.on_release`). A
 download with no room yet waits for the epoch to move on; one a reader waits for that finds no room
-for ``ROOM_WAIT_S`` is a RemoteError naming ``cache_limit``.
+for ``ROOM_WAIT_S`` plus the retry budget (``retry_timeout_s``: downloads retrying through an outage
+hold their room meanwhile) is a RemoteError naming ``cache_limit``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ DOWNLOAD_THREADS = 8  # concurrent shard downloads (obstore releases the GIL)
 _WAIT_SLICE_S = 0.1  # a waiting thread wakes this often (Ctrl-C is handled between slices)
 _ROOM_RETRY_S = 0.05  # a download with no room tries again this often (or when a reader lets go of shards)
 _AHEAD_WAIT_S = 1.0  # a download waiting for the reader to move on looks again this often (at() wakes it first)
-ROOM_WAIT_S = 60.0  # a shard a reader waits for finds no room in a windowed version this long: an error
+# A shard a reader waits for finds no room in a windowed version this long beyond the retry budget
+# (retry_timeout_s: downloads in flight hold room while they retry through an outage): an error.
+ROOM_WAIT_S = 60.0
 
 
 class ShardFetcher:
@@ -392,10 +396,11 @@ class ShardFetcher:
             else:
                 since = time.monotonic()
                 self._no_room_since.pop(index, None)
-            if index in self._waited and time.monotonic() - since > ROOM_WAIT_S:
+            limit = ROOM_WAIT_S + float(self._root.options.retries["retry_timeout_s"])
+            if index in self._waited and time.monotonic() - since > limit:
                 self._errors[index] = RemoteError(
                     f"{self._root.url_of(self._shards[index].file)}: no room in the cache for this shard for "
-                    f"{ROOM_WAIT_S:g} s: cache_limit leaves this dataset {window_bytes(self._version)} bytes, and "
+                    f"{limit:g} s: cache_limit leaves this dataset {window_bytes(self._version)} bytes, and "
                     "the shards this process and the others sharing the cache read now fill them (processes that "
                     "do not read in step need room for 2 x shuffle_window shards each); raise cache_limit, or "
                     "lower shuffle_window")
@@ -409,6 +414,18 @@ class ShardFetcher:
                 self._cond.wait(_ROOM_RETRY_S)
             finally:
                 self._room_waiters -= 1
+
+    def refetch(self, index: int) -> Path:
+        """Download shard ``index`` again: its cached copy was found damaged and set aside (``storage/_heal.py``).
+
+        Forgets that it is here, then fetches it as :meth:`ensure` does (under its shard lock, checked
+        against the manifest; another process that fetched it meanwhile leaves nothing to download) and
+        returns its path. Raises the download's RemoteError.
+        """
+        with self._cond:
+            self._done[index] = False
+            self._errors.pop(index, None)
+        return self.ensure(index)
 
 
 def _need(plan: NeedPlan | None, position: int, waited: bool, index: int) -> float:

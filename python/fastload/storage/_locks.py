@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -9,6 +10,7 @@ import weakref
 from pathlib import Path
 
 from ..errors import RemoteError
+from ._cache_fs import open_lock_file
 
 
 class FileLock:
@@ -26,7 +28,13 @@ class FileLock:
         self._fd: int | None = None
         self._exclusive = exclusive
         self._pid = os.getpid()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = open_lock_file(path)  # never a link's target (storage/_cache_fs.py)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise RemoteError(f"cache lock file {path} is a symbolic link: not followed; remove it (someone else "
+                                  f"may have planted it)") from None
+            raise
         self._fd = fd
         if exclusive:  # before it is locked: a child forked while this thread waits closes its copy too
             _EXCLUSIVE.add(self)

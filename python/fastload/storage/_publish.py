@@ -25,8 +25,8 @@ interrupted publish leaves no manifest at the URL: the dataset looks incomplete,
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from ..errors import DatasetError, RemoteError
 from ..format._manifest import MANIFEST_NAME, Manifest, load_manifest
 from ..format._manifest_check import MAX_MANIFEST_BYTES
 from ..format._splits import SPLITS_NAME
+from ._cache_fs import check_cache_dir, real_dir, remove_tree
 from ._client import RemoteRoot, StorageOptions, _obstore
 from ._urls import redact
 
@@ -46,6 +47,25 @@ def staging_dir(cache_dir: Path, url: str) -> Path:
     shown = redact(url).split("://", 1)[-1]
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", shown).strip("-.")[-48:] or "dataset"
     return cache_dir / "publish" / f"{name}-{hashlib.sha256(redact(url).rstrip('/').encode()).hexdigest()[:16]}"
+
+
+def checked_staging_dir(cache_dir: Path, url: str) -> Path:
+    """Return ``staging_dir(cache_dir, url)`` after checking the cache and making ``publish/`` (private).
+
+    A link planted at ``publish/`` or at the staging directory's name is refused (a RemoteError naming
+    it): the conversion never writes, and ``overwrite`` never deletes, through it.
+    """
+    staging = staging_dir(cache_dir, url)
+    check_cache_dir(cache_dir)
+    real_dir(cache_dir, staging.parent.name, create=True)
+    if os.path.lexists(staging):
+        real_dir(cache_dir, staging.parent.name, staging.name)
+    return staging
+
+
+def remove_staging(staging: Path) -> None:
+    """Delete a staging directory (``<cache_dir>/publish/<name>``) and what it holds, never through a link."""
+    remove_tree(staging.parent.parent, staging)
 
 
 def remote_dataset_exists(url: str, options: StorageOptions) -> bool:
@@ -105,7 +125,7 @@ def unpublish(url: str, options: StorageOptions) -> None:
 
 def finish_publish(local: Path) -> None:
     """Delete the staging directory of a dataset published whole."""
-    shutil.rmtree(local, ignore_errors=True)
+    remove_staging(local)
 
 
 def _listed(root: RemoteRoot, obstore: Any) -> list[str]:

@@ -21,16 +21,17 @@ from ._cache import (
     check_boot,
     default_cache_dir,
     hold_for_reading,
-    make_room,
     parse_cache_limit,
     touch,
     version_dir,
     window_bytes,
 )
+from ._cache_fs import open_new, real_dir
 from ._client import RemoteRoot, StorageOptions
 from ._fetch_child import ForkedFetcher
 from ._fetcher import DOWNLOAD_THREADS, ShardFetcher
 from ._locks import FileLock
+from ._room import claim_room, make_room, release_claim, room_ceiling, waiting_for_room
 from ._urls import join_url, redact
 
 # How many shards are downloaded ahead of the reader by default: twice the downloads at once, so each
@@ -89,6 +90,8 @@ class CachedDataset:
         self._fetcher_pid = 0
         self._fetcher_lock = (os.getpid(), threading.Lock())  # one fetcher per process, whichever thread asks
         self._pid = os.getpid()  # the process that opened it: a forked child's fetcher is a ForkedFetcher
+        self._claim: FileLock | None = None  # the room this process's reader claimed in a windowed version
+        self._claimed = 0
 
     @property
     def fetcher(self) -> ShardFetcher | ForkedFetcher:
@@ -114,10 +117,41 @@ class CachedDataset:
         """Return the bytes this version may hold when it is windowed (larger than its room), else None."""
         return window_bytes(self.path)
 
+    def room_for_shards(self) -> int | None:
+        """Return the most room for shards this version could have under ``cache_limit`` (None: no limit).
+
+        That is ``cache_limit`` less the cache's files that are not datasets and this version's own
+        files: what it gets when no other dataset is in use.
+        """
+        limit = self._spec.cache_limit
+        return None if limit is None else room_ceiling(self._spec.cache_dir, self.path, limit)
+
+    def claim(self, need: int) -> None:
+        """Claim ``need`` bytes of shards for this reader's window of a windowed version (storage/_room.py).
+
+        Idempotent for a smaller or equal need. Waits up to ``ROOM_WAIT_S`` for datasets in use to let
+        go of room, then raises a RemoteError naming them.
+        """
+        limit = self._spec.cache_limit
+        if limit is None or self.window is None or (self._claim is not None and need <= self._claimed):
+            return
+        claim = claim_room(self._spec.cache_dir, self.path, limit, need)
+        self._drop_claim()
+        self._claim, self._claimed = claim, need
+
+    def _drop_claim(self) -> None:
+        claim, self._claim = self._claim, None
+        if claim is not None and self._pid == os.getpid():  # a forked child's copy is not its claim
+            try:
+                release_claim(self._spec.cache_dir, self.path, claim)
+            except (RemoteError, OSError):
+                claim.release()  # the claim file stays; its free lock marks it as ended
+
     def release(self) -> None:
-        """Stop this process's downloads and let eviction take this version again."""
+        """Stop this process's downloads, let go of its claimed room, and let eviction take this version again."""
         if self._fetcher is not None and self._fetcher_pid == os.getpid():
             self._fetcher.close()
+        self._drop_claim()
         self._reading.release()
 
 
@@ -170,21 +204,25 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Fa
     root = RemoteRoot(url, spec.storage_options)
     manifest_bytes = root.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
     version = version_dir(spec.cache_dir, url, manifest_bytes)
+
+    def place_and_make_room() -> FileLock:  # with the cache lock held; tried again while datasets in use hold room
+        check_boot(spec.cache_dir)  # first, after a restart: what a power loss may have torn is hashed again
+        _place_manifest(version, manifest_bytes)
+        try:
+            load_manifest(version)  # validated before a byte of room is made for it
+        except DatasetError as err:
+            raise DatasetError(f"{redact(url)}: {err}") from None
+        reading = hold_for_reading(version)
+        try:
+            make_room(spec.cache_dir, version, spec.cache_limit)  # whole, or windowed (storage/_room.py)
+            touch(version / READERS_LOCK_NAME)
+        except BaseException:
+            reading.release()
+            raise
+        return reading
+
     try:
-        with cache_lock(spec.cache_dir):
-            check_boot(spec.cache_dir)  # first, after a restart: what a power loss may have torn is hashed again
-            _place_manifest(version, manifest_bytes)
-            try:
-                load_manifest(version)  # validated before a byte of room is made for it
-            except DatasetError as err:
-                raise DatasetError(f"{redact(url)}: {err}") from None
-            reading = hold_for_reading(version)
-            try:
-                make_room(spec.cache_dir, version, spec.cache_limit)  # whole, or windowed (storage/_window.py)
-                touch(version / READERS_LOCK_NAME)
-            except BaseException:
-                reading.release()
-                raise
+        reading = waiting_for_room(spec.cache_dir, place_and_make_room)
     except OSError as err:  # the cache's own files: permissions, a full disk, locks the filesystem refuses
         raise RemoteError(f"cache {spec.cache_dir}: {err.strerror or err} (opening {redact(url)})") from None
     cached = CachedDataset(url, version, reading, spec)
@@ -241,8 +279,12 @@ def reopen_cached(source_url: str, path: Path, spec: RemoteSpec) -> CachedDatase
 
 
 def _place_manifest(version: Path, manifest_bytes: bytes) -> None:
-    """Write the version's manifest (atomically, fsynced) unless the same bytes are already there."""
-    version.mkdir(parents=True, exist_ok=True)
+    """Write the version's manifest (atomically, fsynced) unless the same bytes are already there.
+
+    Its directories are made private, and a link planted at their names is refused (``real_dir``).
+    """
+    cache_dir = version.parent.parent
+    real_dir(cache_dir, version.parent.name, version.name, create=True)
     target = version / MANIFEST_NAME
     for stale in version.glob(f".{MANIFEST_NAME}.part-*"):  # an earlier writer's, interrupted (we hold the lock)
         stale.unlink(missing_ok=True)
@@ -252,7 +294,7 @@ def _place_manifest(version: Path, manifest_bytes: bytes) -> None:
     except OSError:
         pass
     part = version / f".{MANIFEST_NAME}.part-{os.getpid()}-{threading.get_ident()}"
-    with open(part, "wb") as f:
+    with open_new(part) as f:
         f.write(manifest_bytes)
         f.flush()
         os.fsync(f.fileno())

@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import ArgumentError
 from ..format._manifest import MANIFEST_NAME, ShardInfo
 from ._cache import cache_lock, is_whole, window_bytes
+from ._cache_fs import open_new, unlink_in
 from ._locks import FileLock
 
 
@@ -83,7 +84,7 @@ def reserve_room(version: Path, shards: Sequence[ShardInfo], index: int, part: P
         window = window_bytes(version)
         need = shards[index].bytes
         if window is None:
-            part.touch()
+            open_new(part).close()
             return []
         by_file = {shard.file: j for j, shard in enumerate(shards)}
         used, present, parts = _held(version, shards, by_file)
@@ -105,14 +106,13 @@ def reserve_room(version: Path, shards: Sequence[ShardInfo], index: int, part: P
                 if lock is None:  # another process reads it
                     continue
                 with lock:
-                    (version / shards[j].file).unlink(missing_ok=True)
+                    unlink_in(cache_dir, version / shards[j].file)
                 evicted.append(j)
                 if j not in parts:  # a .part of it (another download's) still holds its bytes
                     used -= shards[j].bytes
             if used + need > window:
                 return None
-        with open(part, "wb") as f:
-            f.truncate(need)  # sparse: it counts at its full size from now on, in every process's sum
+        open_new(part, size=need).close()  # sparse: it counts at its full size from now on, in every process's sum
         return evicted
 
 
@@ -157,7 +157,7 @@ def _remove_stale_parts(version: Path, shards: Sequence[ShardInfo], candidates: 
             continue
         with lock:
             for stale in parts:
-                stale.unlink(missing_ok=True)
+                unlink_in(version.parent.parent, stale)
 
 
 def _mtime(path: Path) -> float:
