@@ -109,7 +109,11 @@ class ShardLoader:
     credentials, ``max_retries``, ``retry_timeout_s``); by default credentials
     come from the environment. Shards download in the order the epoch first
     reads them, at most ``predownload`` shards ahead of the next batch
-    (``"auto"``: 16; ``"all"``: no bound). See docs/remote.md.
+    (``"auto"``: 16; ``"all"``: no bound). ``cache_dir`` is made private
+    (0700) and refused when another user could plant files in it, unless
+    ``FASTLOAD_SHARED_CACHE=1``; a dataset larger than its room claims the
+    room its order needs (``2 K`` shards for ``shuffle_window=K``), so other
+    datasets fit beside it. See docs/remote.md.
 
     ``warm_up=True`` (the native backend, local shards): from construction
     until the first pass starts, a background thread faults in that pass's
