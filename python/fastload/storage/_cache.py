@@ -382,7 +382,8 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
             mismatches += 1
             if mismatches >= attempts:
                 raise RemoteError(f"{root.url_of(shard.file)}: {problem}; the object does not match its dataset's "
-                                  f"manifest (tried {attempts} times)")
+                                  f"manifest (tried {attempts} times): run `fastload verify {redact(root.url)}` to "
+                                  "check the dataset in storage, or write it again")
     finally:
         part.unlink(missing_ok=True)
 
