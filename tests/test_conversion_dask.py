@@ -21,7 +21,7 @@ import pytest
 from conftest import preprocess_two_classes
 
 import fastload
-from fastload.conversion._write_order import write_permutation
+from fastload.conversion._write_groups import GroupedOrder, group_samples_for
 from fastload.errors import ArgumentError, ArgumentTypeError, ClusterError, PreprocessError
 
 distributed = pytest.importorskip("distributed")
@@ -190,7 +190,8 @@ def test_an_error_in_a_sample_is_the_same_as_locally(tmp_path, client):
     assert messages[0] == messages[1] and "disk gone at 45" in messages[0]
     assert not (tmp_path / "1" / "manifest.json").exists()
     # The default order is shuffled: the shards before the one holding sample 45 are written and kept.
-    at = int(np.flatnonzero(write_permutation(0, 300).positions(0, 300) == 45)[0])
+    order = GroupedOrder(0, None, 300, group_samples_for(3 * 16 * 16 + 8 + 4))  # a sample per source
+    at = int(np.flatnonzero(order.samples(0, 300) == 45)[0])
     assert sorted(p.name for p in (tmp_path / "1").glob("*.lmdb")) == [f"shard-{k:05d}.lmdb" for k in range(at // 16)]
 
 

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 import fastload
-from fastload.conversion._write_order import WRITE_EPOCH, write_permutation
+from fastload.conversion._write_order import GROUP_BYTES, WRITE_EPOCH, GroupedOrder
 from fastload.errors import SchemaMismatchError
 
 
@@ -69,10 +69,13 @@ def test_map_style_torch_dataset_is_identical_for_any_worker_count(tmp_path):
     ds = fastload.ShardDataset(outs[1])
     assert [(f.name, f.dtype, f.shape, f.codec) for f in ds.schema] == [("image", "uint8", (3, 16, 16), "zstd"),
                                                                          ("label", "int64", (), "raw")]
-    order = write_permutation(0, 300)  # the default order: position p holds sample order.at(p)
-    assert m.extra["order"] == {"kind": "shuffled", "seed": 0, "version": 1, "epoch": WRITE_EPOCH}
+    group = GROUP_BYTES // (3 * 16 * 16 + 8)  # a group's decoded bytes over a sample's
+    assert m.extra["order"] == {"kind": "shuffled", "seed": 0, "version": 1, "epoch": WRITE_EPOCH,
+                                "group_bytes": GROUP_BYTES, "group_samples": group}
+    order = GroupedOrder(0, None, 300, group).samples(0, 300)  # the default order: a sample per source
+    assert sorted(order.tolist()) == list(range(300)) and order.tolist() != list(range(300))
     for p in (0, 29, 30, 150, 299):
-        i = int(order.at(np.array([p]))[0])
+        i = int(order[p])
         assert np.array_equal(ds[p]["image"].numpy(), tile(i)) and int(ds[p]["label"]) == i % 5
 
 

@@ -27,7 +27,7 @@ import fastload
 from fastload.conversion import _shard_targets
 from fastload.conversion._shard_plan import plan_shards, record_bound, record_size, shard_capacity
 from fastload.conversion._shard_targets import LocalShards
-from fastload.conversion._write_order import write_permutation
+from fastload.conversion._write_groups import GroupedOrder, group_samples_for
 from fastload.errors import PreprocessError
 from fastload.format._manifest import ShardInfo
 from fastload.format._record import Field
@@ -205,7 +205,8 @@ def test_a_failed_run_leaves_only_checked_shards_and_resumes_to_the_same_bytes(t
         fastload.write_dataset(Tiles(fail_at=150), out, client=client, **options)
     progress = json.loads((out / ".progress.json").read_text())
     journaled = [s["file"] for s in progress["shards"]]
-    at = int(np.flatnonzero(write_permutation(0, len(Tiles())).positions(0, len(Tiles())) == 150)[0])
+    order = GroupedOrder(0, None, len(Tiles()), group_samples_for(3 * 16 * 16 + 8 + 4))  # a sample per source
+    at = int(np.flatnonzero(order.samples(0, len(Tiles())) == 150)[0])
     assert journaled == [f"shard-{i:05d}.lmdb" for i in range(at // 16)]  # the shards before the error's
     assert sorted(p.name for p in out.glob("*.lmdb")) == journaled  # a task's shard is named only once checked
     assert not (out / _shard_targets.TASKS_DIR).exists()  # what tasks staged went with the failed run

@@ -69,7 +69,7 @@ def test_mixed_modes_suggest_mode_and_mode_converts(tmp_path, mixed_modes):
     assert "rgb.png" in r.stderr or "rgba.png" in r.stderr
     for mode, channels in (("RGB", 3), ("L", 1), ("RGBA", 4)):
         out = tmp_path / mode
-        assert preprocess(mixed_modes, out, "--mode", mode).returncode == 0
+        assert preprocess(mixed_modes, out, "--mode", mode, "--order", "source").returncode == 0  # ds[i]: file i
         ds = fastload.ShardDataset(out)
         assert ds.schema[0].shape == (channels, 32, 32)
         for i, name in enumerate(sorted(p.name for p in mixed_modes.iterdir())):
@@ -102,7 +102,7 @@ def test_csv_header_is_detected_and_label_column_found_by_name(tmp_path, four_im
     csv = tmp_path / "labels.csv"
     csv.write_text("filename,split,label\n" + "".join(f"im{i}.npy,train,{'cat' if i % 2 else 'dog'}\n"
                                                       for i in range(4)))
-    assert preprocess(four_images, tmp_path / "o", "--labels", str(csv)).returncode == 0
+    assert preprocess(four_images, tmp_path / "o", "--labels", str(csv), "--order", "source").returncode == 0
     assert labels_of(tmp_path / "o") == [1, 0, 1, 0]
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["classes"] == ["cat", "dog"]
@@ -113,7 +113,7 @@ def test_csv_columns_by_name(tmp_path, four_images):
     csv = tmp_path / "labels.csv"
     csv.write_text("kind,img,score\n" + "".join(f"{i * 10},im{i}.npy,{3 - i}\n" for i in range(4)))
     r = preprocess(four_images, tmp_path / "o", "--labels", str(csv), "--path-column", "img",
-                   "--label-column", "score")
+                   "--label-column", "score", "--order", "source")
     assert r.returncode == 0, r.stderr
     assert labels_of(tmp_path / "o") == [3, 2, 1, 0]
     r = preprocess(four_images, tmp_path / "p", "--labels", str(csv), "--label-column", "nope")
@@ -135,7 +135,7 @@ def test_csv_with_three_columns_and_no_label_column_is_an_error(tmp_path, four_i
 def test_csv_without_header_and_integer_labels(tmp_path, four_images):
     csv = tmp_path / "labels.csv"
     csv.write_text("".join(f"im{i}.npy,{i * 2}\n" for i in range(4)))
-    assert preprocess(four_images, tmp_path / "o", "--labels", str(csv)).returncode == 0
+    assert preprocess(four_images, tmp_path / "o", "--labels", str(csv), "--order", "source").returncode == 0
     assert labels_of(tmp_path / "o") == [0, 2, 4, 6]
     assert "classes" not in json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert fastload.ShardDataset(tmp_path / "o").classes is None

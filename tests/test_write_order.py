@@ -21,8 +21,10 @@ from PIL import Image
 from test_planned_shards import png_that_probes_but_does_not_decode
 
 import fastload
+from fastload.conversion import _write_groups, preprocess
 from fastload.conversion._dataset_writer import POOL_TASKS_WRITE_FROM
-from fastload.conversion._write_order import WRITE_EPOCH, write_permutation
+from fastload.conversion._write_groups import GROUP_BYTES, WRITE_EPOCH, GroupedOrder, group_samples_for
+from fastload.conversion._write_order import READS_NOTE_FROM
 from fastload.conversion.preprocess import main as preprocess_main
 from fastload.errors import ArgumentError, DatasetError, FastloadWarning
 from fastload.format._manifest import load_manifest
@@ -69,13 +71,21 @@ def window_batches(path: Path, window: int) -> tuple[list[int], list[warnings.Wa
     return distinct, [w for w in caught if issubclass(w.category, FastloadWarning)]
 
 
+def written_order(manifest: dict, seed: int) -> np.ndarray:
+    """Return the source-order sample at each position of a shuffled dataset, from its sources and recorded G."""
+    counts = [s["samples"] for s in manifest["sources"]]
+    return GroupedOrder(seed, counts, sum(counts), manifest["order"]["group_samples"]).samples(0, sum(counts))
+
+
 def shard_bytes(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.glob("shard-*.lmdb"))}
 
 
 def test_class_folders_are_mixed_in_every_shard_by_default_and_sorted_with_order_source(tmp_path, class_folders):
     mixed = convert(class_folders, tmp_path / "mixed", "--labels-from-dirs", "--samples-per-shard", "10")
-    assert mixed["order"] == {"kind": "shuffled", "seed": 0, "version": 1, "epoch": WRITE_EPOCH}
+    assert mixed["order"] == {"kind": "shuffled", "seed": 0, "version": 1, "epoch": WRITE_EPOCH,
+                              "group_bytes": GROUP_BYTES, "group_samples": GROUP_BYTES // (3 * 8 * 8 + 8)}
+    assert mixed["provenance"]["options"]["order_group_bytes"] == GROUP_BYTES
     assert mixed["provenance"]["options"]["order"] == "shuffled"
     labels = mixed["shard_labels"]
     assert labels["field"] == "label" and labels["counts"] == [10] * CLASSES
@@ -97,6 +107,18 @@ def test_class_folders_are_mixed_in_every_shard_by_default_and_sorted_with_order
     assert warned[0].filename == __file__  # points at the ShardLoader(...) call
 
 
+def test_class_folders_in_groups_smaller_than_the_dataset_still_mix_classes_in_every_shard(tmp_path, class_folders,
+                                                                                         monkeypatch):
+    monkeypatch.setattr(_write_groups, "GROUP_BYTES", 10 * (3 * 8 * 8 + 8))  # groups of 10 images: one per shard
+    monkeypatch.setattr(preprocess, "GROUP_BYTES", 10 * (3 * 8 * 8 + 8))
+    mixed = convert(class_folders, tmp_path / "mixed", "--labels-from-dirs", "--samples-per-shard", "10")
+    assert mixed["order"]["group_samples"] == 10
+    classes = [bin(int(m, 16)).count("1") for m in mixed["shard_labels"]["masks"]]
+    assert min(classes) >= 4 and np.mean(classes) >= 5  # a random 10 of 100 files in 10 classes: 6.5 on average
+    distinct, warned = window_batches(tmp_path / "mixed", 2)
+    assert warned == [] and np.mean(distinct) >= 5.5
+
+
 def test_the_shuffled_order_is_the_source_order_permuted_over_tiles(tmp_path, scenes):
     options = ("--labels-from-dirs", "--tile-size", "16", "--codec", "zstd", "--samples-per-shard", "7")
     source = convert(scenes, tmp_path / "source", *options, "--order", "source")
@@ -104,8 +126,8 @@ def test_the_shuffled_order_is_the_source_order_permuted_over_tiles(tmp_path, sc
     assert source["total"] == shuffled["total"] == 3 * 30
     assert shuffled["sources"] == source["sources"]  # first_sample: the source order's index
     a, b = fastload.ShardDataset(tmp_path / "source"), fastload.ShardDataset(tmp_path / "shuffled")
-    order = write_permutation(5, len(a)).positions(0, len(a))
-    assert sorted(order.tolist()) == list(range(len(a)))
+    order = written_order(shuffled, 5)
+    assert sorted(order.tolist()) == list(range(len(a))) and order.tolist() != list(range(len(a)))
     for p, i in enumerate(order.tolist()):
         assert np.array_equal(b[p]["image"].numpy(), a[i]["image"].numpy()) and int(b[p]["label"]) == int(a[i]["label"])
     masks = [int(m, 16) for m in shuffled["shard_labels"]["masks"]]
@@ -149,7 +171,7 @@ def test_hdf5_stacks_and_map_style_datasets_are_shuffled_the_same_way(tmp_path):
     convert(data, tmp_path / "h5-source", *options, "--order", "source")
     convert(data, tmp_path / "h5-shuffled", *options, "--workers", "2")
     a, b = fastload.ShardDataset(tmp_path / "h5-source"), fastload.ShardDataset(tmp_path / "h5-shuffled")
-    order = write_permutation(0, 40).positions(0, 40).tolist()
+    order = written_order(json.loads((tmp_path / "h5-shuffled" / "manifest.json").read_text()), 0).tolist()
     assert [int(b[p]["label"]) for p in range(40)] == [int(a[i]["label"]) for i in order]
     assert all(np.array_equal(b[p]["image"].numpy(), a[i]["image"].numpy())
                for p, i in enumerate(order))
@@ -157,7 +179,7 @@ def test_hdf5_stacks_and_map_style_datasets_are_shuffled_the_same_way(tmp_path):
     samples = [(np.full((2, 3), i, np.int16), i % 3) for i in range(50)]
     m = fastload.write_dataset(samples, tmp_path / "list", samples_per_shard=8, names=("v", "label"), seed=9,
                                progress=False)
-    order = write_permutation(9, 50).positions(0, 50).tolist()
+    order = GroupedOrder(9, None, 50, group_samples_for(2 * 3 * 2 + 8)).samples(0, 50).tolist()  # a sample a source
     ds = fastload.ShardDataset(tmp_path / "list")
     assert [int(ds[p]["v"][0, 0]) for p in range(50)] == order
     assert m.extra["order"]["seed"] == 9 and m.provenance["options"]["order"] == "shuffled"
@@ -172,7 +194,8 @@ def test_write_arrays_keeps_its_order_unless_asked(tmp_path):
     assert [int(fastload.ShardDataset(tmp_path / "kept")[i]["v"]) for i in range(30)] == list(range(30))
     mixed = fastload.write_arrays(tmp_path / "mixed", arrays, samples_per_shard=10, order="shuffled", seed=2)
     ds = fastload.ShardDataset(tmp_path / "mixed")
-    assert [int(ds[p]["v"]) for p in range(30)] == write_permutation(2, 30).positions(0, 30).tolist()
+    order = GroupedOrder(2, None, 30, group_samples_for(4 + 8)).samples(0, 30)  # a sample per source
+    assert [int(ds[p]["v"]) for p in range(30)] == order.tolist() != list(range(30))
     assert mixed.dataset_id != kept.dataset_id
 
 
@@ -250,7 +273,10 @@ def test_the_manifest_check_refuses_bad_shard_labels(labels, problem):
     ({"kind": "random"}, "order.kind: 'random' is not one of"),
     ({"kind": "source", "seed": 1}, "unknown key 'seed'"),
     ({"kind": "shuffled", "seed": 1, "version": 1}, "missing key 'epoch'"),
-    ({"kind": "shuffled", "seed": 2**64, "version": 1, "epoch": 0}, "order.seed: 18446744073709551616 is out"),
+    ({"kind": "shuffled", "seed": 2**64, "version": 1, "epoch": 0, "group_bytes": 1, "group_samples": 1},
+     "order.seed: 18446744073709551616 is out"),
+    ({"kind": "shuffled", "seed": 1, "version": 1, "epoch": 0, "group_bytes": 1, "group_samples": 0},
+     "order.group_samples: 0 is out"),
 ])
 def test_the_manifest_check_refuses_a_bad_order(order, problem):
     with pytest.raises(Exception, match=problem):
@@ -282,3 +308,119 @@ def test_window_coverage_is_the_exact_expectation_over_every_window():
         assert window_coverage(masks, k) == pytest.approx(brute)
     assert shuffled_coverage([5, 5], 1) == pytest.approx(1.0)
     assert shuffled_coverage([1, 0, 3], 1e9) == pytest.approx(2.0)
+
+
+@pytest.fixture(scope="module")
+def many_scenes(tmp_path_factory) -> Path:
+    """Six labelled scenes of 5x6 tiles of 16 pixels each (30 tiles a scene, 776 decoded bytes a tile)."""
+    root = tmp_path_factory.mktemp("many-scenes")
+    for c, image in enumerate(smooth_images(6, (3, 80, 96), seed=8)):
+        (root / f"c{c}").mkdir()
+        Image.fromarray(image.transpose(1, 2, 0)).save(root / f"c{c}" / "scene.png")
+    return root
+
+
+def small_groups(monkeypatch, samples: int) -> None:
+    """Make the groups of the shuffled order ``samples`` tiles of the scenes fixtures (776 decoded bytes each)."""
+    monkeypatch.setattr(_write_groups, "GROUP_BYTES", samples * 776)
+    monkeypatch.setattr(preprocess, "GROUP_BYTES", samples * 776)
+
+
+def counted_reads(monkeypatch) -> dict[str, int]:
+    """Count the decodes of each source file by the encoding (in this process: one worker)."""
+    from fastload.conversion import _encode
+
+    reads: dict[str, int] = {}
+    real = _encode.read_image
+
+    def counting(path, *args, **kwargs):
+        reads[Path(path).parent.name] = reads.get(Path(path).parent.name, 0) + 1
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(_encode, "read_image", counting)
+    return reads
+
+
+TILED = ("--labels-from-dirs", "--tile-size", "16", "--codec", "zstd", "--samples-per-shard", "7")
+
+
+def test_each_scene_is_read_once_in_the_default_groups(tmp_path, many_scenes, monkeypatch, capsys):
+    reads = counted_reads(monkeypatch)
+    manifest = convert(many_scenes, tmp_path / "o", *TILED)
+    assert reads == {f"c{c}": 1 for c in range(6)}  # one group holds all 180 tiles: one task, each scene read once
+    assert manifest["order"]["group_samples"] == GROUP_BYTES // 776 > 180
+    assert "note:" not in capsys.readouterr().err
+    masks = [int(m, 16) for m in manifest["shard_labels"]["masks"]]
+    assert np.mean([bin(m).count("1") for m in masks]) >= 4  # shards of 7 tiles mix the 6 scenes
+
+
+def test_a_scene_is_read_once_per_group_it_spans(tmp_path, many_scenes, monkeypatch, capsys):
+    small_groups(monkeypatch, 20)
+    reads = counted_reads(monkeypatch)
+    manifest = convert(many_scenes, tmp_path / "o", *TILED, "--seed", "3")
+    order = GroupedOrder(3, [30] * 6, 180, 20)
+    assert manifest["order"]["group_samples"] == 20 and manifest["order"]["group_bytes"] == 20 * 776
+    assert manifest["provenance"]["options"]["order_group_bytes"] == 20 * 776 and order.groups == 9
+    spans = {f"c{c}": sum(1 for g in range(order.groups) for s, _, _ in order.chunks(g) if s == c) for c in range(6)}
+    assert reads == spans and sum(reads.values()) == order.reads() <= order.groups + 6 - 1
+    assert max(reads.values()) <= 3 and order.reads_per_source() < READS_NOTE_FROM  # 30 tiles span 2 or 3 groups
+    assert "note:" not in capsys.readouterr().err
+    source = convert(many_scenes, tmp_path / "s", *TILED, "--order", "source")
+    a, b = fastload.ShardDataset(tmp_path / "s"), fastload.ShardDataset(tmp_path / "o")
+    for p, i in enumerate(written_order(manifest, 3).tolist()):
+        assert np.array_equal(b[p]["image"].numpy(), a[i]["image"].numpy()) and int(b[p]["label"]) == int(a[i]["label"])
+    assert source["sources"] == manifest["sources"]
+
+
+def test_the_note_on_repeated_reads_fires_for_scenes_larger_than_several_groups(tmp_path, many_scenes, monkeypatch,
+                                                                                capsys):
+    small_groups(monkeypatch, 5)
+    reads = counted_reads(monkeypatch)
+    convert(many_scenes, tmp_path / "o", *TILED)
+    assert min(reads.values()) >= 6  # 30 tiles in groups of 5: 6 or 7 groups each
+    assert "reads each source file about" in capsys.readouterr().err
+
+
+def test_a_resume_inside_a_group_writes_the_same_bytes(tmp_path, many_scenes, monkeypatch):
+    small_groups(monkeypatch, 20)
+    convert(many_scenes, tmp_path / "whole", *TILED, "--seed", "4")
+    reads = counted_reads(monkeypatch)
+    from fastload.conversion import _encode
+
+    counting = _encode.read_image
+
+    def failing(path, *args, **kwargs):
+        if sum(reads.values()) == 5:  # in the third group (groups of 20 tiles, shards of 7)
+            raise KeyboardInterrupt
+        return counting(path, *args, **kwargs)
+
+    monkeypatch.setattr(_encode, "read_image", failing)
+    out = tmp_path / "resumed"
+    assert preprocess_main(["--data-dir", str(many_scenes), "--output-dir", str(out), "--no-progress", *TILED,
+                            "--seed", "4"]) != 0  # interrupted: the shards written are kept
+    written = json.loads((out / ".progress.json").read_text())["shards"]
+    assert 0 < sum(s["count"] for s in written) < 180 and sum(s["count"] for s in written) % 20 != 0
+    monkeypatch.setattr(_encode, "read_image", counting)
+    convert(many_scenes, out, *TILED, "--seed", "4", "--resume")
+    assert shard_bytes(out) == shard_bytes(tmp_path / "whole")
+    assert json.loads((out / "manifest.json").read_text())["shards"] == json.loads(
+        (tmp_path / "whole" / "manifest.json").read_text())["shards"]
+
+
+def test_the_grouped_order_is_a_permutation_computed_anywhere_and_per_group():
+    counts = [5, 0, 7, 3, 10, 1]
+    order = GroupedOrder(11, counts, 26, 6)
+    whole = order.samples(0, 26)
+    assert sorted(whole.tolist()) == list(range(26)) and whole.tolist() != list(range(26))
+    assert all(np.array_equal(order.samples(a, b), whole[a:b]) for a in range(27) for b in range(a, 27))
+    first = np.concatenate([[0], np.cumsum(counts)])
+    for g in range(order.groups):  # each group's positions hold exactly its chunks' samples
+        a, b = order.group_span(g)
+        held = sorted(int(first[s]) + k for s, lo, hi in order.chunks(g) for k in range(lo, hi))
+        assert sorted(whole[a:b].tolist()) == held and len({s for s, _, _ in order.chunks(g)}) == len(order.chunks(g))
+    assert order.reads() == sum(len(order.chunks(g)) for g in range(order.groups))
+    assert not np.array_equal(GroupedOrder(12, counts, 26, 6).samples(0, 26), whole)  # the seed matters
+    assert np.array_equal(GroupedOrder(11, None, 9, 4).samples(0, 9), GroupedOrder(11, [1] * 9, 9, 4).samples(0, 9))
+    assert group_samples_for(GROUP_BYTES * 2) == 1 and group_samples_for(1) == GROUP_BYTES
+    with pytest.raises(ArgumentError, match="positions \\[3, 30\\) outside \\[0, 26\\)"):
+        order.samples(3, 30)

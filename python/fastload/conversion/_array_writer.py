@@ -20,7 +20,8 @@ from ._auto import Choice, choose_codec, sample_indices
 from ._samples import check_sample_bytes
 from ._shard_labels import label_histogram, shard_labels_doc
 from ._shard_writer import dataset_id, write_shard
-from ._write_order import check_order, check_seed, order_doc, write_permutation
+from ._write_groups import GroupedOrder, group_samples_for
+from ._write_order import check_order, check_seed, order_doc
 
 
 def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], codec: str | Mapping[str, str] = "raw",
@@ -41,7 +42,8 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     sample ``i`` of the arrays at position ``i``; ``"shuffled"`` writes them in
     the seeded permutation of ``seed`` across shards that ``write_dataset`` and
     ``preprocess_tiles`` use by default (position ``p`` holds
-    ``_write_order.write_permutation(seed, N).at(p)``; recorded in the
+    ``_write_groups.GroupedOrder(seed, None, N, G).samples(p, p + 1)``, every sample a source of its own, G
+    from ``GROUP_BYTES``; recorded in the
     manifest's ``order``). The arrays are the caller's, in memory, so the
     default keeps their order. Returns the manifest
     written. Raises SchemaMismatchError when the arrays disagree in N or a codec
@@ -83,11 +85,12 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     if order == "shuffled":
         identity += f" order=shuffled seed={seed}"
     ident = dataset_id(fields, identity, [])
-    permutation = write_permutation(seed, n) if order == "shuffled" else None
+    group = group_samples_for(sum(a[0].nbytes for a in arrays.values()) if n else 1)
+    permutation = GroupedOrder(seed, None, n, group) if order == "shuffled" else None  # a source per sample
     histograms = []
     for index, start in enumerate(range(0, n, samples_per_shard)):
         stop = min(start + samples_per_shard, n)
-        picks = permutation.positions(start, stop).tolist() if permutation is not None else range(start, stop)
+        picks = permutation.samples(start, stop).tolist() if permutation is not None else range(start, stop)
         records = [encoder.encode({name: a[i] for name, a in arrays.items()}) for i in picks]
         histograms.append(label_histogram(fields, records))
         shards.append(write_shard(out, index, records, (fields, ident)))
@@ -95,7 +98,7 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
                         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if choices:
         provenance["codec_choice"] = choices
-    extra: dict = {"order": order_doc(order, seed)}
+    extra: dict = {"order": order_doc(order, seed, group)}
     labels = shard_labels_doc(histograms)
     if labels is not None:
         extra["shard_labels"] = labels

@@ -52,7 +52,7 @@ from ._run_record import check_resume_options
 from ._samples import check_names, check_sample, check_sample_bytes, sample_arrays
 from ._shard_targets import RemoteShards
 from ._sources import Source
-from ._write_order import check_order, check_seed
+from ._write_order import GROUP_BYTES, check_order, check_seed
 
 CHUNK_BYTES = 8 << 20
 _worker: dict[str, Any] = {}  # per worker process: the map-style dataset and its schema
@@ -240,6 +240,7 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
                "names": list(names) if names is not None else None, "chunk_bytes": CHUNK_BYTES, "order": order}
     if order == "shuffled":
         options["seed"] = seed
+        options["order_group_bytes"] = GROUP_BYTES  # fixes the groups (_write_groups): a resume reproduces them
     image_options = {"layout": layout, "quality": quality, "subsampling": subsampling,
                      "prefer": prefer if "auto" in used else None, "lossy_ok": lossy_ok or None}
     options.update({k: v for k, v in image_options.items() if v is not None})  # recorded only when they matter
@@ -320,7 +321,7 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
                    worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample",
                    piece=_range_piece if map_style else None, piece_samples=chunk, target=target, order=order,
                    seed=seed, gather=_gather_indices if map_style else None,
-                   gather_encode=_encode_indices if map_style else None)
+                   gather_encode=_encode_indices if map_style else None, sample_sources=map_style)
     if client is not None and progress:
         print(describe(client))
     return write_job(job, workers, skip_bad=False, resume=resume, progress=progress, client=client).manifest

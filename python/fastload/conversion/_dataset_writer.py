@@ -33,15 +33,7 @@ from ._shard_targets import LocalShards, ShardTarget
 from ._shard_writer import dataset_id
 from ._source_files import source_stat
 from ._sources import Source
-from ._write_order import (
-    READS_NOTE_FROM,
-    SHUFFLED_TASK_BYTES,
-    check_order,
-    order_doc,
-    picks_of,
-    shuffled_job,
-    source_reads,
-)
+from ._write_order import READS_NOTE_FROM, check_order, order_doc, picks_of, shuffled_job, write_order
 
 _DELAY_ENV = "FASTLOAD_TEST_SHARD_DELAY"  # tests: seconds to sleep after each shard
 # From this many local worker processes on, the workers write the shards (when they can be planned): the
@@ -83,7 +75,9 @@ class WriteJob:
     ``gather(sources, samples)``, the encode arguments of those source-order samples for
     ``gather_encode`` (image sources have both by default). ``whole_sources``: each source's
     samples are written together, so a file that fails to decode can be skipped whole (false for
-    the job a shuffled write plans: ``_write_order.shuffled_job``).
+    the job a shuffled write plans: ``_write_order.shuffled_job``). ``sample_sources``: each
+    sample is read on its own (a map-style dataset read by index), so the shuffled order treats
+    every sample as a source of its own (``_write_groups``).
     """
 
     out_dir: Path
@@ -107,6 +101,7 @@ class WriteJob:
     gather: Callable[[np.ndarray, np.ndarray], tuple] | None = None
     gather_encode: Callable[..., list[bytes]] | None = None
     whole_sources: bool = True
+    sample_sources: bool = False
 
     def __post_init__(self) -> None:
         check_order(self.order)
@@ -205,7 +200,8 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     (``_planned_writer``), which this process checks, commits and journals.
     The bytes are the same either way. With ``job.order == "shuffled"`` the
     writers see one source whose samples are in the shuffled order
-    (``_write_order.shuffled_job``), planned by position the same way.
+    (``_write_order.shuffled_job``), planned by position the same way; the driver's tasks are
+    the order's groups.
 
     Raises PreprocessError on a bad source image unless ``skip_bad``; the
     shards completed so far stay on disk with the journal, and no manifest.
@@ -222,14 +218,15 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
     identity = _identity(job) if journal.dataset_id is None else ""  # only the first shard needs it
     planned = job
+    group_samples = 1
     if job.order == "shuffled":
-        sample_bytes = max(1, sum(f.nbytes for f in job.settings.fields))
-        task_samples = job.piece_samples or max(1, SHUFFLED_TASK_BYTES // sample_bytes)
-        planned = shuffled_job(job, task_samples)
-        reads = source_reads(job.tile_counts or [], task_samples) if len(job.sources) > 1 else 1.0
+        order = write_order(job)
+        group_samples = order.group
+        planned = shuffled_job(job, order)
+        reads = order.reads_per_source()
         if reads >= READS_NOTE_FROM:
-            print(f"note: {out_dir.name}: the shuffled order reads each source file about {reads:.0f} times (each "
-                  "task reads the files its samples come from); --order source reads each once (docs/conversion.md, "
+            print(f"note: {out_dir.name}: the shuffled order reads each source file about {reads:.0f} times (once per "
+                  f"group of {order.group} samples it spans); --order source reads each once (docs/conversion.md, "
                   "\"Write order\")", file=sys.stderr)
     counts = planned.tile_counts
     capacity = None
@@ -258,7 +255,7 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         raise
     finally:
         bar.close()
-    return _finish(job, journal, target)
+    return _finish(job, journal, target, group_samples)
 
 
 def _why_not_planned(job: WriteJob) -> str:
@@ -364,8 +361,11 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
             writer.shutdown(wait=True)  # a shard already being written finishes and stays journaled
 
 
-def _finish(job: WriteJob, journal: Journal, target: ShardTarget) -> WriteResult:
-    """Write the manifest of the shards the journal lists, delete the journal, and return what was written."""
+def _finish(job: WriteJob, journal: Journal, target: ShardTarget, group_samples: int) -> WriteResult:
+    """Write the manifest of the shards the journal lists, delete the journal, and return what was written.
+
+    ``group_samples``: the samples per group of a shuffled order, for the manifest's ``order``.
+    """
     out_dir, counts = job.out_dir, job.tile_counts
     record_bytes = sum(f.nbytes for f in job.settings.fields)
     skipped_paths = {s["path"] for s in journal.skipped}
@@ -383,7 +383,7 @@ def _finish(job: WriteJob, journal: Journal, target: ShardTarget) -> WriteResult
             raise PreprocessError(f"{out_dir}: wrote {total} samples but the sources add up to {first}")
         extra["sources"] = sources_doc
     extra["skipped"] = job.probe_skipped + [{"path": s["path"], "error": s["error"]} for s in journal.skipped]
-    extra["order"] = order_doc(job.order, job.seed)
+    extra["order"] = order_doc(job.order, job.seed, group_samples)
     labels = shard_labels_doc([e.get("labels") for e in journal.entries])
     if labels is not None:
         extra["shard_labels"] = labels

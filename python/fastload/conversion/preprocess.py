@@ -67,7 +67,7 @@ from ._sources import (
     sort_images,
     split_by_source,
 )
-from ._write_order import DEFAULT_ORDER, ORDERS
+from ._write_order import DEFAULT_ORDER, GROUP_BYTES, ORDERS
 
 __all__ = ["UsageError", "build_parser", "main", "parse_hw", "parse_size", "run"]
 
@@ -226,6 +226,8 @@ def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
         doc["edge"] = args.edge or "drop"
     if args.val_fraction is not None or args.order == "shuffled":
         doc["seed"] = 0 if args.seed is None else args.seed
+    if args.order == "shuffled":
+        doc["order_group_bytes"] = GROUP_BYTES  # fixes the groups (_write_groups): a resume reproduces them
     if args.val_fraction is not None:
         doc["stratify"] = labelled if args.stratify is None else args.stratify
     if args.codec != "raw":  # the encoder settings of the codec (docs/FORMAT.md)

@@ -155,18 +155,23 @@ def validate(doc: Any) -> None:
 
 
 def _check_order(order: Any) -> None:
-    """``order``: ``{"kind": "source"}``, or ``{"kind": "shuffled", "seed", "version", "epoch"}``."""
+    """``order``: ``{"kind": "source"}``, or ``{"kind": "shuffled", ...}`` with the grouped shuffle's keys.
+
+    The shuffled kind's keys: ``seed``, ``version``, ``epoch``, ``group_bytes``, ``group_samples``.
+    """
     kind = _object(order, "order", {"kind"}).get("kind")
     if kind not in _ORDER_KINDS:
         raise _Invalid("order.kind", f"{_show(kind)} is not one of {list(_ORDER_KINDS)}")
     if kind == "source":
         _object(order, "order", {"kind"}, {"kind"})
         return
-    keys = {"kind", "seed", "version", "epoch"}
+    keys = {"kind", "seed", "version", "epoch", "group_bytes", "group_samples"}
     _object(order, "order", keys, keys)
     _int(order["seed"], "order.seed", -(2**63), 2**64)
     _int(order["version"], "order.version", 1)
     _int(order["epoch"], "order.epoch", 0)
+    _int(order["group_bytes"], "order.group_bytes", 1)
+    _int(order["group_samples"], "order.group_samples", 1)
 
 
 def _check_shard_labels(labels: Any, shards: int, total: int, names: set[str]) -> None:
