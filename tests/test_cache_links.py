@@ -217,3 +217,25 @@ def test_a_cache_directory_others_may_write_is_refused_unless_sticky_or_shared(t
         loader(url, s3, cache)
     monkeypatch.setenv("FASTLOAD_SHARED_CACHE", "1")
     assert same(batches(loader(url, s3, cache)), expected)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="making another user's folder needs root")
+def test_a_directory_another_user_made_first_in_a_sticky_cache_is_refused(two_datasets, s3, tmp_path,  # noqa: F811
+                                                                           monkeypatch):
+    """In a cache like /tmp (sticky, world-writable) another user can make a dataset's directories before fastload
+    does (their names are predictable): the cache refuses to write into them, unless shared on purpose."""
+    local, url = two_datasets[0]
+    cache = tmp_path / "sticky"
+    cache.mkdir()
+    os.chmod(cache, 0o1777)
+    version = version_dir(cache, url, manifest_bytes(local))
+    for made in (version.parent, version):
+        made.mkdir()
+        os.chown(made, 65534, 65534)
+        os.chmod(made, 0o777)
+    with pytest.warns(FastloadWarning, match="not taken for one of fastload's directories, it is owned by another"):
+        with pytest.raises(RemoteError, match=rf"{version.parent}: refused, it is owned by another user"):
+            loader(url, s3, cache)
+    assert list(version.iterdir()) == []
+    monkeypatch.setenv("FASTLOAD_SHARED_CACHE", "1")
+    assert same(batches(loader(url, s3, cache)), batches(fastload.ShardLoader(str(local), batch_size=40)))

@@ -183,3 +183,17 @@ def test_the_caches_own_files_take_no_room(pair, s3, tmp_path):  # noqa: F811
     gc.collect()
     short = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path / "other", cache_limit=room - 1)
     assert short._cached.window is not None
+
+
+def test_a_second_loader_over_one_dataset_grows_its_claim_without_counting_the_first(pair, s3, tmp_path):  # noqa: F811
+    """Two loaders over one ShardDataset: the second's larger claim replaces the first's, which is not counted twice."""
+    local, url = pair[0]
+    _, largest = shard_bytes(local)
+    limit = 5 * largest + META  # room for a window of 2 (4 shards), not for 2 + 4 shards
+    dataset = fastload.ShardDataset(url, storage_options=s3[2], cache_dir=tmp_path / "cache", cache_limit=limit)
+    first = fastload.ShardLoader(dataset, batch_size=20, shuffle=True, shuffle_window=1, seed=3)
+    second = fastload.ShardLoader(dataset, batch_size=20, shuffle=True, shuffle_window=2, seed=3)
+    assert dataset._cached._claimed == 2 * 2 * largest
+    assert len(list((tmp_path / "cache").rglob(".claim-*"))) == 1
+    assert same(batches(second), batches(window_loader(str(local), window=2)))
+    del first

@@ -226,6 +226,20 @@ def test_resume_with_another_order_is_refused(tmp_path, class_folders):
     assert r.returncode == 2 and "--order: recorded shuffled, now source" in r.stderr
 
 
+def test_a_run_in_source_order_records_options_as_runs_before_order_did(tmp_path, class_folders):
+    """A source-order run records no order (so an interrupted run of an older fastload resumes with --order source);
+    resuming it with the default order names both."""
+    out = tmp_path / "o"
+    manifest = convert(class_folders, out, "--labels-from-dirs", "--order", "source")
+    assert "order" not in manifest["provenance"]["options"]
+    r = run_cli("preprocess_tiles", "--data-dir", str(class_folders), "--output-dir", str(out), "--labels-from-dirs",
+                "--resume")
+    assert r.returncode == 2 and "--order: recorded source, now shuffled" in r.stderr
+    r = run_cli("preprocess_tiles", "--data-dir", str(class_folders), "--output-dir", str(out), "--labels-from-dirs",
+                "--order", "source", "--resume")
+    assert r.returncode == 0, r.stderr
+
+
 def test_files_failing_in_decoding_are_all_listed_and_not_skipped_in_a_shuffled_order(tmp_path, class_folders):
     data = tmp_path / "data"
     data.mkdir()

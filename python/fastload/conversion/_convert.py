@@ -237,8 +237,9 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
     options = {"codec": codec if isinstance(codec, str) else dict(sorted(codec.items())),
                "level": default_options(codec, level).get("level") if single else level,  # type: ignore[arg-type]
                "samples_per_shard": samples_per_shard, "shard_size": shard_bytes,
-               "names": list(names) if names is not None else None, "chunk_bytes": CHUNK_BYTES, "order": order}
-    if order == "shuffled":
+               "names": list(names) if names is not None else None, "chunk_bytes": CHUNK_BYTES}
+    if order == "shuffled":  # a source-order write records no order, as writes before order= did (resumable)
+        options["order"] = order
         options["seed"] = seed
         options["order_group_bytes"] = GROUP_BYTES  # fixes the groups (_write_groups): a resume reproduces them
     image_options = {"layout": layout, "quality": quality, "subsampling": subsampling,

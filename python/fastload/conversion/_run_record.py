@@ -34,6 +34,10 @@ def _recorded_options(out: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
+# What a missing option means: a run records no --order when it writes in source order (as runs did before it).
+_ABSENT = {"order": "source"}
+
+
 def _show(value: Any) -> str:
     if value is None:
         return "(not given)"
@@ -54,7 +58,7 @@ def check_resume_options(out: Path, options: dict[str, Any]) -> None:
     changed = [k for k in sorted(set(now) | set(recorded)) if now.get(k) != recorded.get(k)]
     if not changed:
         return
-    lines = "\n  ".join(f"--{k.replace('_', '-')}: recorded {_show(recorded.get(k))}, now {_show(now.get(k))}"
-                        for k in changed)
+    lines = "\n  ".join(f"--{k.replace('_', '-')}: recorded {_show(recorded.get(k, _ABSENT.get(k)))}, "
+                        f"now {_show(now.get(k, _ABSENT.get(k)))}" for k in changed)
     raise UsageError(f"{out}: --resume with options that differ from the recorded run ({where.name}):\n  {lines}\n"
                      "resume with the recorded options, or start again with --overwrite")

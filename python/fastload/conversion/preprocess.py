@@ -228,6 +228,8 @@ def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
         doc["seed"] = 0 if args.seed is None else args.seed
     if args.order == "shuffled":
         doc["order_group_bytes"] = GROUP_BYTES  # fixes the groups (_write_groups): a resume reproduces them
+    else:  # recorded as runs before --order were: an interrupted one of those resumes with --order source
+        doc.pop("order", None)
     if args.val_fraction is not None:
         doc["stratify"] = labelled if args.stratify is None else args.stratify
     if args.codec != "raw":  # the encoder settings of the codec (docs/FORMAT.md)

@@ -322,17 +322,18 @@ class RemoteShardSet:
         return True
 
     def forget(self, dataset: ShardDataset, index: int) -> bool:
-        """Detach shard ``index`` of ``dataset`` (one of this set's) to drop its mapping; False if it is not here.
+        """Detach shard ``index`` of ``dataset`` to drop its mapping; False while a batch in flight reads it.
 
         Before its cached file is replaced (a damaged copy healed): it is attached again, from the new
-        file, when a batch reads it (or its download completes).
+        file, when a batch reads it (or its download completes). True also when ``dataset`` is not one
+        of this set's (nothing of it is mapped here).
         """
         first = 0
         for ds in self.datasets:
             if ds is dataset:
                 return self.release(first + index)
             first += len(ds.manifest.shards)
-        return False
+        return True
 
 
 _ATTACH_ATTEMPTS = 20
@@ -364,8 +365,9 @@ def heal_damaged_shard(datasets: Sequence[ShardDataset], shard_sets: Sequence[An
             raise advised(error, ds.url, shard) from None
         healed.add((n, index))
         for shard_set in shard_sets:
-            if isinstance(shard_set, RemoteShardSet):
-                shard_set.forget(ds, index)
+            if isinstance(shard_set, RemoteShardSet) and not shard_set.forget(ds, index):
+                raise advised(error, ds.url, shard, "its cached copy is still mapped for a batch in flight, so it "
+                                                    "was not replaced") from None
         heal_shard(ds._cached.fetcher, index, shard, error, ds.url)  # type: ignore[union-attr]
         return True
     return False

@@ -59,7 +59,7 @@ import xxhash
 from ..errors import ArgumentError, ArgumentTypeError, DatasetError, FastloadWarning, RemoteError
 from ..format._manifest import HASH_ALGORITHM, ShardInfo, file_hash, load_manifest
 from ..format._page_cache import write_aligned
-from ._cache_fs import check_cache_dir, is_real_file, open_new, real_dir, unlink_in
+from ._cache_fs import check_cache_dir, foreign_dir, is_real_file, open_existing, open_new, real_dir, unlink_in
 from ._client import RemoteRoot, Retries, TransientError
 from ._locks import FileLock
 from ._urls import redact
@@ -295,18 +295,25 @@ def _real_dir_entry(cache_dir: Path, entry: os.DirEntry[str]) -> bool:
     """Return whether ``entry`` is a directory itself; warn (once per name) when it is a link planted there."""
     try:
         if entry.is_symlink():
-            if entry.path not in _WARNED_LINKS:
-                _WARNED_LINKS.add(entry.path)
+            if entry.path not in _WARNED:
+                _WARNED.add(entry.path)
                 warnings.warn(f"cache {cache_dir}: {entry.path} is a symbolic link where fastload keeps its dataset "
                               f"directories: not followed, never evicted through; remove it (someone else may have "
                               f"planted it)", FastloadWarning, stacklevel=3)
             return False
-        return entry.is_dir(follow_symlinks=False)
+        if not entry.is_dir(follow_symlinks=False):
+            return False
+        foreign = foreign_dir(entry.stat(follow_symlinks=False))
+        if foreign and entry.path not in _WARNED:
+            _WARNED.add(entry.path)
+            warnings.warn(f"cache {cache_dir}: {entry.path}: not taken for one of fastload's directories, {foreign}",
+                          FastloadWarning, stacklevel=3)
+        return not foreign
     except OSError:
         return False
 
 
-_WARNED_LINKS: set[str] = set()  # links already named in a warning, by this process
+_WARNED: set[str] = set()  # links and foreign directories already named in a warning, by this process
 
 
 def last_used(version: Path) -> float:
@@ -394,7 +401,7 @@ def _reverified(dest: Path, shard: ShardInfo) -> bool:
     A copy that does not match (a power loss tore it) is deleted: the shard is downloaded again.
     """
     held = unverified_path(dest)
-    if not held.is_file():
+    if not is_real_file(held):
         return False
     try:
         good = held.stat().st_size == shard.bytes and file_hash(held) == shard.hash
@@ -427,7 +434,7 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: 
             yield chunk
 
     try:
-        with open(part, "r+b", buffering=0) as f:
+        with open_existing(part) as f:  # never through a link planted under its name since it was made
             write_aligned(f, checked_chunks())  # 2 MiB folios in the page cache, where the filesystem makes them
             if size > shard.bytes:
                 return f"more than the manifest's {shard.bytes} bytes"

@@ -38,6 +38,7 @@ _POSIX_FDS = sys.platform != "win32" and os.open in os.supports_dir_fd and hasat
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
 
 
 def shared_cache() -> bool:
@@ -115,7 +116,26 @@ def real_dir(cache_dir: Path, *names: str, create: bool = False) -> Path:
             raise RemoteError(f"cache {cache_dir}: {path} is {what}, where fastload keeps a directory of its own; "
                               f"fastload never follows links inside its cache: remove it (someone else may have "
                               f"planted it)")
+        foreign = foreign_dir(info)
+        if foreign:
+            raise RemoteError(f"cache {cache_dir}: {path}: refused, {foreign}: another user could plant links in it "
+                              f"(made before fastload did?); remove it, or set {SHARED_CACHE_ENV}=1 to share the "
+                              f"cache on purpose")
     return path
+
+
+def foreign_dir(info: os.stat_result) -> str:
+    """Return why a directory below ``cache_dir`` (its ``lstat``) is not this user's alone, or '' when it is.
+
+    Always '' in a shared cache and on Windows.
+    """
+    if sys.platform == "win32" or shared_cache():
+        return ""
+    if info.st_uid != os.geteuid():
+        return f"it is owned by another user (uid {info.st_uid})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group or others may write to it (mode {stat.S_IMODE(info.st_mode):04o})"
+    return ""
 
 
 def is_real_file(path: Path) -> bool:
@@ -131,7 +151,7 @@ def open_new(path: Path, size: int | None = None) -> BinaryIO:
 
     Never through a link (``O_EXCL``). ``size``: extend it to this many bytes at once (sparse).
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, file_mode())
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC | _BINARY, file_mode())
     f: BinaryIO = os.fdopen(fd, "wb")
     if size is not None:
         try:
@@ -142,9 +162,19 @@ def open_new(path: Path, size: int | None = None) -> BinaryIO:
     return f
 
 
+def open_existing(path: Path) -> BinaryIO:
+    """Open the existing file ``path`` (a temporary file this process made) for reading and writing, unbuffered.
+
+    Never through a link (``O_NOFOLLOW``): one planted under its name since is refused (ELOOP).
+    """
+    fd = os.open(path, os.O_RDWR | _NOFOLLOW | _CLOEXEC | _BINARY)
+    f: BinaryIO = os.fdopen(fd, "r+b", buffering=0)
+    return f
+
+
 def open_lock_file(path: Path) -> int:
     """Open (creating) the lock file ``path`` for flock: a descriptor, never of a link's target."""
-    return os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, file_mode())
+    return os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _BINARY, file_mode())
 
 
 @contextmanager
@@ -155,17 +185,20 @@ def _dir_fd(cache_dir: Path, parts: tuple[str, ...]) -> Iterator[int | None]:
     """
     fds: list[int] = []
     try:
-        fds.append(os.open(cache_dir, os.O_RDONLY | _DIRECTORY | _CLOEXEC))
-        for name in parts:
-            try:
-                fds.append(os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fds[-1]))
-            except OSError as err:
-                _warn_if_link(cache_dir, fds[-1], name, err)
-                yield None
-                return
-        yield fds[-1]
-    except FileNotFoundError:
-        yield None
+        found: int | None = None
+        try:
+            fds.append(os.open(cache_dir, os.O_RDONLY | _DIRECTORY | _CLOEXEC))
+            for name in parts:
+                try:
+                    fds.append(os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fds[-1]))
+                except OSError as err:
+                    _warn_if_link(cache_dir, fds[-1], name, err)
+                    break
+            else:
+                found = fds[-1]
+        except FileNotFoundError:  # cache_dir itself is gone
+            pass
+        yield found
     finally:
         for fd in fds:
             os.close(fd)
@@ -229,11 +262,16 @@ def unlink_in(cache_dir: Path, path: Path) -> None:
     """Delete file ``path`` (under ``cache_dir``), reaching its directory without following a link."""
     parts = path.relative_to(cache_dir).parts
     if not _POSIX_FDS:
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:
+            raise RemoteError(f"cache file {path}: cannot delete it: {err.strerror or err}") from None
         return
     with _dir_fd(cache_dir, parts[:-1]) as parent:
         if parent is not None:
             try:
                 os.unlink(parts[-1], dir_fd=parent)
-            except (FileNotFoundError, IsADirectoryError, PermissionError):
+            except (FileNotFoundError, IsADirectoryError):
                 pass
+            except OSError as err:  # read-only, busy, refused: the cache's disk, said as such
+                raise RemoteError(f"cache file {path}: cannot delete it: {err.strerror or err}") from None

@@ -26,7 +26,7 @@ from ._cache import (
     version_dir,
     window_bytes,
 )
-from ._cache_fs import open_new, real_dir
+from ._cache_fs import is_real_file, open_new, real_dir, unlink_in
 from ._client import RemoteRoot, StorageOptions
 from ._fetch_child import ForkedFetcher
 from ._fetcher import DOWNLOAD_THREADS, ShardFetcher
@@ -135,9 +135,8 @@ class CachedDataset:
         limit = self._spec.cache_limit
         if limit is None or self.window is None or (self._claim is not None and need <= self._claimed):
             return
-        claim = claim_room(self._spec.cache_dir, self.path, limit, need)
-        self._drop_claim()
-        self._claim, self._claimed = claim, need
+        claim = claim_room(self._spec.cache_dir, self.path, limit, need, replacing=self._claim)
+        self._claim, self._claimed = claim, need  # (the claim it replaces was let go of with the cache lock held)
 
     def _drop_claim(self) -> None:
         claim, self._claim = self._claim, None
@@ -287,9 +286,9 @@ def _place_manifest(version: Path, manifest_bytes: bytes) -> None:
     real_dir(cache_dir, version.parent.name, version.name, create=True)
     target = version / MANIFEST_NAME
     for stale in version.glob(f".{MANIFEST_NAME}.part-*"):  # an earlier writer's, interrupted (we hold the lock)
-        stale.unlink(missing_ok=True)
+        unlink_in(cache_dir, stale)
     try:
-        if target.read_bytes() == manifest_bytes:
+        if is_real_file(target) and target.read_bytes() == manifest_bytes:  # (a link there is replaced)
             return
     except OSError:
         pass

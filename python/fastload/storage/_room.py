@@ -134,17 +134,22 @@ def _promised(version: Path) -> int:
     return full if window is None else min(full, window)
 
 
-def live_claims(version: Path) -> int:
+def live_claims(version: Path, leaving_out: Path | None = None) -> int:
     """Return the bytes the live claims on windowed ``version`` need; delete the claims of processes that ended.
 
-    Call with the cache lock held.
+    Call with the cache lock held. ``leaving_out``: a claim not counted (one being replaced).
     """
     total = 0
     for name in sorted(_names(version)):
         if not name.startswith(CLAIM_PREFIX):
             continue
         path = version / name
-        free = FileLock.try_exclusive(path) if sys.platform != "win32" else None
+        if path == leaving_out:
+            continue
+        try:
+            free = FileLock.try_exclusive(path) if sys.platform != "win32" else None
+        except (OSError, RemoteError):  # another user's claim this one may not open (a shared cache): live
+            free = None
         if free is not None:  # its owner ended
             with free:
                 unlink_in(version.parent.parent, path)
@@ -216,17 +221,19 @@ def room_ceiling(cache_dir: Path, version: Path, limit: int) -> int:
         return limit - outside - meta_bytes(version)
 
 
-def claim_room(cache_dir: Path, version: Path, limit: int, need: int) -> FileLock | None:
+def claim_room(cache_dir: Path, version: Path, limit: int, need: int,
+               replacing: FileLock | None = None) -> FileLock | None:
     """Claim ``need`` bytes of shards for a reader of windowed ``version``; return the claim (None: not windowed).
 
-    The claim holds until its lock is released (:func:`release_claim`, or the process ends). The
-    window grows to the live claims' sum (idle versions are evicted for it). When versions in use
-    leave too little room, wait up to ``ROOM_WAIT_S`` for them to let go, then raise a RemoteError
-    naming every holder.
+    The claim holds until its lock is released (:func:`release_claim`, or the process ends; a forked
+    child does not inherit it). The window grows to the live claims' sum (idle versions are evicted
+    for it). ``replacing``: this reader's earlier claim, not counted, and let go of once the new one
+    is made. When versions in use leave too little room, wait up to ``ROOM_WAIT_S`` for them to let
+    go, then raise a RemoteError naming every holder.
     """
     if need < 0:
         raise ArgumentError(f"claim_room: need must be 0 or more bytes, not {need}")
-    return waiting_for_room(cache_dir, lambda: _claim_now(cache_dir, version, limit, need))
+    return waiting_for_room(cache_dir, lambda: _claim_now(cache_dir, version, limit, need, replacing))
 
 
 def waiting_for_room(cache_dir: Path, attempt: Callable[[], T]) -> T:
@@ -242,39 +249,54 @@ def waiting_for_room(cache_dir: Path, attempt: Callable[[], T]) -> T:
         time.sleep(_ROOM_POLL_S)
 
 
-def _claim_now(cache_dir: Path, version: Path, limit: int, need: int) -> FileLock | None:
+def _claim_now(cache_dir: Path, version: Path, limit: int, need: int, replacing: FileLock | None) -> FileLock | None:
     if window_bytes(version) is None:  # it counts whole: nothing to claim
+        _let_go(cache_dir, replacing)
         return None
     full = _full(version)
-    want = min(full, max(_one_shard(version), live_claims(version) + need + meta_bytes(version)))
+    others = live_claims(version, leaving_out=None if replacing is None else replacing.path)
+    want = min(full, max(_one_shard(version), others + need + meta_bytes(version)))
     used = _evict_idle(cache_dir, version, limit, want)
     if used + want > limit:
         raise _no_room(cache_dir, version, limit, f"{want} bytes for its readers' windows ({need} for this one's)",
                        limit - used)
     path = version / f"{CLAIM_PREFIX}{os.getpid()}-{threading.get_ident()}-{next(_CLAIMS)}"
-    with open_new(path) as f:
-        f.write(str(need).encode("ascii"))
-    claim = FileLock(path, exclusive=False)
+    try:
+        with open_new(path) as f:
+            f.write(str(need).encode("ascii"))
+        # Exclusive: its owner's alone (a forked child closes its copy, storage/_locks.py), live while held.
+        claim = FileLock(path, exclusive=True, blocking=False)
+    except OSError as err:
+        raise RemoteError(f"cache file {path}: {err.strerror or err} (claiming room for {version.parent.name})") \
+            from None
+    _let_go(cache_dir, replacing)
     set_window(version, None if used + full <= limit else want)
     return claim
+
+
+def _let_go(cache_dir: Path, claim: FileLock | None) -> None:
+    """Release ``claim`` and delete its file (with the cache lock held)."""
+    if claim is not None:
+        claim.release()
+        unlink_in(cache_dir, claim.path)
 
 
 def release_claim(cache_dir: Path, version: Path, claim: FileLock) -> None:
     """Let go of ``claim`` on ``version``: its window shrinks to the live claims left (what it holds still counts)."""
     with cache_lock(cache_dir):
-        claim.release()
-        unlink_in(cache_dir, claim.path)
-        _shrink_window(version)
+        _let_go(cache_dir, claim)
+        _shrink_window(version, released=True)
 
 
-def _shrink_window(version: Path) -> None:
+def _shrink_window(version: Path, released: bool = False) -> None:
     """Shrink windowed ``version``'s window to what its live claims need (a claim's owner let go or ended).
 
     Call with the cache lock held. Shards it holds beyond the new window still count (at their size)
-    until its reader evicts them; a version no claim was ever made on keeps its room for one shard.
+    until its reader evicts them. A version no claim was made on keeps its room, unless ``released``
+    (its last claim was just let go of): then it keeps room for one shard.
     """
     window = window_bytes(version)
-    if window is None or not any(name.startswith(CLAIM_PREFIX) for name in _names(version)):
+    if window is None or not (released or any(name.startswith(CLAIM_PREFIX) for name in _names(version))):
         return
     smaller = max(_one_shard(version), live_claims(version) + meta_bytes(version))
     if smaller < window:
