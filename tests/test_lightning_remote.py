@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import smooth_images
-from test_remote import upload
+from test_remote import s3, upload  # noqa: F401  (s3: the module's server fixture)
 
 import fastload
 from fastload.format._splits import write_splits
@@ -34,17 +34,8 @@ TRAIN, VAL, PER_SHARD = 200, 40, 10  # 20 training shards: 10 steps an epoch on 
 
 
 @pytest.fixture(scope="module")
-def s3_root(tmp_path_factory):
-    """A moto S3 server and a root (train/, val/, splits.json) uploaded to it: (URL, storage_options, local root)."""
-    moto_server = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="tester", aws_secret_access_key="secret-x",
-                          region_name="us-east-1")
-    client.create_bucket(Bucket="fastload-tests")
+def s3_root(tmp_path_factory, s3):  # noqa: F811
+    """A root (train/, val/, splits.json) uploaded to the S3 server: (URL, storage_options, local root)."""
     local = tmp_path_factory.mktemp("ddp-remote") / "root"
     for name, n, seed in (("train", TRAIN, 0), ("val", VAL, 1)):
         fastload.write_arrays(local / name, {"image": smooth_images(n, (3, 8, 8), seed=seed),
@@ -52,11 +43,7 @@ def s3_root(tmp_path_factory):
                               samples_per_shard=PER_SHARD)
     write_splits(local, {n: {"path": n, "samples": c, "sources": c, "class_counts": None}
                          for n, c in (("train", TRAIN), ("val", VAL))}, {"tool": "tests"})
-    url = upload(client, local, "ddp-root")
-    options = {"endpoint": endpoint, "access_key_id": "tester", "secret_access_key": "secret-x",
-               "region": "us-east-1", "allow_http": True}
-    yield url, options, local
-    server.stop()
+    return upload(s3[1], local, "ddp-root"), s3[2], local
 
 
 def run(tmp: Path, name: str, url: str, remote: Path, *args: str, killed: bool = False) -> list[dict]:
