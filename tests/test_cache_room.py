@@ -10,7 +10,6 @@ go, then names them. The cache's own marker files take no room.
 from __future__ import annotations
 
 import gc
-import hashlib
 import pickle
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_remote import batches, s3, same, upload  # noqa: F401  (s3: the module's server fixture)
-from test_remote_window import CacheWatch, shard_bytes
+from test_remote_window import TWO_EPOCH_DIGEST, CacheWatch, shard_bytes, two_epoch_digest
 
 import fastload
 from fastload.errors import RemoteError
@@ -109,12 +108,7 @@ def test_four_processes_over_two_windowed_datasets_all_run_within_the_limit(pair
         "options, url, seed = pickle.loads(bytes.fromhex(sys.argv[1])), sys.argv[2], int(sys.argv[3])\n"
         "loader = fastload.ShardLoader(url, batch_size=20, shuffle=True, shuffle_window=1, seed=seed,\n"
         f"    storage_options=options, cache_dir={str(cache)!r}, cache_limit={limit})\n"
-        "h = hashlib.sha256()\n"
-        "for epoch in range(2):\n"
-        "    loader.set_epoch(epoch)\n"
-        "    for b in loader:\n"
-        "        h.update(b['image'].numpy().tobytes()); h.update(b['label'].numpy().tobytes())\n"
-        "print(h.hexdigest())\n")
+        + TWO_EPOCH_DIGEST)
     runs = [(k, seed) for k in range(2) for seed in (1, 2)]
     watch = CacheWatch(cache)
     procs = [subprocess.Popen([sys.executable, "-c", script, pickle.dumps(s3[2]).hex(), pair[k][1], str(seed)],
@@ -123,12 +117,8 @@ def test_four_processes_over_two_windowed_datasets_all_run_within_the_limit(pair
     peak = watch.stop()
     assert [p.returncode for p in procs] == [0] * 4, [e[-3000:] for _, e in outs]
     for (k, seed), (out, _) in zip(runs, outs):
-        h = hashlib.sha256()
-        for b in epochs(fastload.ShardLoader(str(pair[k][0]), batch_size=20, shuffle=True, shuffle_window=1,
-                                             seed=seed)):
-            h.update(b["image"].numpy().tobytes())
-            h.update(b["label"].numpy().tobytes())
-        assert out.strip() == h.hexdigest(), (k, seed)
+        local = fastload.ShardLoader(str(pair[k][0]), batch_size=20, shuffle=True, shuffle_window=1, seed=seed)
+        assert out.strip() == two_epoch_digest(local), (k, seed)
     assert peak <= limit, watch.over(limit)
 
 

@@ -38,6 +38,28 @@ def big(tmp_path_factory, s3):  # noqa: F811
     return local, upload(s3[1], local, "window")
 
 
+# What a reading process (python -c, its ShardLoader named ``loader``) prints: two_epoch_digest of its batches.
+TWO_EPOCH_DIGEST = (
+    "import hashlib\n"
+    "h = hashlib.sha256()\n"
+    "for epoch in range(2):\n"
+    "    loader.set_epoch(epoch)\n"
+    "    for b in loader:\n"
+    "        h.update(b['image'].numpy().tobytes()); h.update(b['label'].numpy().tobytes())\n"
+    "print(h.hexdigest())\n")
+
+
+def two_epoch_digest(loader) -> str:
+    """Return the digest of the images and labels of two epochs of ``loader`` (as TWO_EPOCH_DIGEST prints it)."""
+    h = hashlib.sha256()
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for b in loader:
+            h.update(b["image"].numpy().tobytes())
+            h.update(b["label"].numpy().tobytes())
+    return h.hexdigest()
+
+
 def shard_bytes(local: Path) -> tuple[int, int]:
     """Return (all shards' bytes, the largest shard's)."""
     sizes = [p.stat().st_size for p in local.glob("*.lmdb")]
@@ -179,12 +201,7 @@ def test_two_processes_share_a_windowed_cache_and_never_evict_what_the_other_rea
         "options, rank = pickle.loads(bytes.fromhex(sys.argv[1])), int(sys.argv[2])\n"
         f"loader = fastload.ShardLoader({url!r}, batch_size=16, shuffle=True, shuffle_window=2, seed=4, rank=rank,\n"
         f"    world_size=2, storage_options=options, cache_dir={str(cache)!r}, cache_limit={limit})\n"
-        "h = hashlib.sha256()\n"
-        "for epoch in range(2):\n"
-        "    loader.set_epoch(epoch)\n"
-        "    for b in loader:\n"
-        "        h.update(b['image'].numpy().tobytes()); h.update(b['label'].numpy().tobytes())\n"
-        "print(h.hexdigest())\n")
+        + TWO_EPOCH_DIGEST)
     watch = CacheWatch(cache)
     procs = [subprocess.Popen([sys.executable, "-c", script, pickle.dumps(s3[2]).hex(), str(rank)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
@@ -194,13 +211,7 @@ def test_two_processes_share_a_windowed_cache_and_never_evict_what_the_other_rea
     for rank, (out, _) in enumerate(outs):
         loader = fastload.ShardLoader(str(local), batch_size=16, shuffle=True, shuffle_window=2, seed=4, rank=rank,
                                       world_size=2)
-        h = hashlib.sha256()
-        for epoch in range(2):
-            loader.set_epoch(epoch)
-            for b in loader:
-                h.update(b["image"].numpy().tobytes())
-                h.update(b["label"].numpy().tobytes())
-        assert out.strip() == h.hexdigest(), rank
+        assert out.strip() == two_epoch_digest(loader), rank
     assert peak <= limit, watch.over(limit)
 
 

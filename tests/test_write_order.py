@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import warnings
 from pathlib import Path
 
@@ -46,14 +45,18 @@ def class_folders(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def scenes(tmp_path_factory) -> Path:
-    """Three labelled scenes of 5x6 tiles of 16 pixels each: records are tiles of a source file."""
-    root = tmp_path_factory.mktemp("scenes")
-    for c, image in enumerate(smooth_images(3, (3, 80, 96), seed=4)):
+def write_scenes(root: Path, count: int, seed: int) -> Path:
+    """Write ``count`` labelled scenes of 5x6 tiles of 16 pixels (80x96 RGB PNGs, one class folder each)."""
+    for c, image in enumerate(smooth_images(count, (3, 80, 96), seed=seed)):
         (root / f"c{c}").mkdir()
         Image.fromarray(image.transpose(1, 2, 0)).save(root / f"c{c}" / "scene.png")
     return root
+
+
+@pytest.fixture(scope="module")
+def scenes(tmp_path_factory) -> Path:
+    """Three labelled scenes of 5x6 tiles of 16 pixels each: records are tiles of a source file."""
+    return write_scenes(tmp_path_factory.mktemp("scenes"), 3, seed=4)
 
 
 def convert(data: Path, out: Path, *options: str) -> dict:
@@ -318,7 +321,7 @@ def test_window_coverage_is_the_exact_expectation_over_every_window():
     masks = [int(m) for m in rng.integers(1, 1 << 6, size=7)]
     for k in (1, 2, 3, 7):
         windows = list(itertools.combinations(masks, k))
-        brute = np.mean([bin(math.prod([1]) and np.bitwise_or.reduce(w)).count("1") for w in windows])
+        brute = np.mean([bin(int(np.bitwise_or.reduce(w))).count("1") for w in windows])
         assert window_coverage(masks, k) == pytest.approx(brute)
     assert shuffled_coverage([5, 5], 1) == pytest.approx(1.0)
     assert shuffled_coverage([1, 0, 3], 1e9) == pytest.approx(2.0)
@@ -327,11 +330,7 @@ def test_window_coverage_is_the_exact_expectation_over_every_window():
 @pytest.fixture(scope="module")
 def many_scenes(tmp_path_factory) -> Path:
     """Six labelled scenes of 5x6 tiles of 16 pixels each (30 tiles a scene, 776 decoded bytes a tile)."""
-    root = tmp_path_factory.mktemp("many-scenes")
-    for c, image in enumerate(smooth_images(6, (3, 80, 96), seed=8)):
-        (root / f"c{c}").mkdir()
-        Image.fromarray(image.transpose(1, 2, 0)).save(root / f"c{c}" / "scene.png")
-    return root
+    return write_scenes(tmp_path_factory.mktemp("many-scenes"), 6, seed=8)
 
 
 def small_groups(monkeypatch, samples: int) -> None:

@@ -41,6 +41,11 @@ def _schema_key(ds: ShardDataset) -> list[tuple[str, str, tuple[int, ...]]]:
     return [(f.name, f.dtype, f.shape) for f in ds.fields]
 
 
+def parts_of(dataset: ShardDataset | ConcatShardDataset) -> list[ShardDataset]:
+    """Return the datasets laid end to end in ``dataset``'s index space (itself, unless it is a concat)."""
+    return list(dataset.datasets) if isinstance(dataset, ConcatShardDataset) else [dataset]
+
+
 class ConcatShardDataset(torch.utils.data.Dataset):
     """Shard datasets laid end to end: index ``offsets[j] + i`` is sample i of dataset j.
 

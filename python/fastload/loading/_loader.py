@@ -16,7 +16,7 @@ from ..errors import ArgumentError, FastloadError
 from ..sampling._order import EpochOrder
 from ..sampling._sampling import ArrayOrder
 from ._augment import Augment, BatchTransform, check_dataset_class
-from ._compose import ConcatShardDataset, ShardSubset
+from ._compose import ConcatShardDataset, ShardSubset, parts_of
 from ._dataset import ShardDataset
 from ._device import CudaOps, DevicePrefetcher
 from ._epoch import Batch, EpochIterator, PassHooks, summarize_stats
@@ -344,7 +344,7 @@ class ShardLoader:
 
     def _parts(self) -> list[ShardDataset]:
         """Return the datasets laid end to end in this loader's index space (one, unless it reads a concat)."""
-        return list(self.dataset.datasets) if isinstance(self.dataset, ConcatShardDataset) else [self.dataset]
+        return parts_of(self.dataset)
 
     def _live_pass(self) -> EpochIterator | None:
         active = self._active() if self._active is not None else None

@@ -14,7 +14,7 @@ from ..sampling._alias import real_weights
 from ..sampling._class_mix import warn_if_sorted
 from ..sampling._sampling import MAX_EPOCH_POSITIONS, Sampling, SubsetSampling, WeightedSampling
 from ..sampling._windows import ShardWindowSampling, check_window
-from ._compose import SOURCE_FIELD, ConcatShardDataset, MixedShardDataset, check_indices
+from ._compose import SOURCE_FIELD, ConcatShardDataset, MixedShardDataset, check_indices, parts_of
 from ._dataset import ShardDataset
 
 
@@ -75,16 +75,18 @@ def window_sampling(dataset: ShardDataset | ConcatShardDataset, shuffle: bool, i
     if len(dataset) > MAX_EPOCH_POSITIONS:
         raise ArgumentError(f"shuffle_window= computes each epoch's order (8 bytes per sample); {len(dataset)} "
                             f"samples are over the bound of {MAX_EPOCH_POSITIONS}")
-    parts = dataset.datasets if isinstance(dataset, ConcatShardDataset) else [dataset]
+    parts = parts_of(dataset)
     sizes = [shard.count for part in parts for shard in part.manifest.shards]
     sampling = ShardWindowSampling(sizes, window)
     sampling.check(len(dataset))
-    warn_sorted_labels(parts, window)
+    warn_sorted_labels(parts, sizes, window)
     return sampling
 
 
-def warn_sorted_labels(parts: list[ShardDataset], window: int) -> None:
+def warn_sorted_labels(parts: list[ShardDataset], sizes: list[int], window: int) -> None:
     """Warn when windows of ``window`` shards hold few classes (``sampling._class_mix``), from the manifests alone.
+
+    ``sizes``: the samples of each shard of ``parts``, laid end to end.
 
     Datasets whose manifests record no per-shard labels (older ones, no integer ``label`` field) give no warning.
     """
@@ -95,7 +97,6 @@ def warn_sorted_labels(parts: list[ShardDataset], window: int) -> None:
     classes = max(len(counts) for counts, _ in labelled)
     counts = [sum(c[k] for c, _ in labelled if k < len(c)) for k in range(classes)]
     masks = [m for _, part_masks in labelled for m in part_masks]
-    sizes = [shard.count for part in parts for shard in part.manifest.shards]
     # stacklevel: warn_if_sorted, here, window_sampling, make_sampling, OrderSpec.build, ShardLoader, its caller
     warn_if_sorted(counts, masks, sizes, window, stacklevel=6)
 

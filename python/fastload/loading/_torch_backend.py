@@ -17,7 +17,7 @@ from ..errors import FastloadWarning
 from ..sampling._sampling import IndexOrder
 from ..storage._heal import set_warning_sink
 from ._augment import Augment
-from ._compose import ConcatShardDataset
+from ._compose import ConcatShardDataset, parts_of
 from ._dataset import ShardDataset
 from ._plan import EpochPlan
 from ._remote_shards import is_remote_dataset
@@ -124,11 +124,6 @@ def _warn_notices(notices: Any) -> None:
         warnings.warn(notices.get(), FastloadWarning, stacklevel=3)
 
 
-def _has_remote(dataset: ShardDataset | ConcatShardDataset) -> bool:
-    parts = dataset.datasets if isinstance(dataset, ConcatShardDataset) else [dataset]
-    return any(is_remote_dataset(ds) for ds in parts)
-
-
 def workers_for_platform(num_workers: int | str) -> int:
     """Resolve ``num_workers="auto"``: none on Windows and macOS (spawn start-up), else up to 8."""
     if num_workers != "auto":
@@ -163,7 +158,8 @@ def make_dataloader(dataset: ShardDataset | ConcatShardDataset, sampler: OrderBa
     generator = torch.Generator()
     generator.manual_seed(seed & (2**63 - 1))
     fetch = BatchFetch(dataset, augment)
-    if num_workers > 0 and _has_remote(dataset):  # workers heal damaged cache files: their warnings come here
+    # Workers heal damaged cache files (storage/_heal.py): their warnings come to this process.
+    if num_workers > 0 and any(is_remote_dataset(ds) for ds in parts_of(dataset)):
         fetch.notices = multiprocessing.get_context(kwargs.get("multiprocessing_context")).SimpleQueue()
     return DataLoader(fetch, batch_sampler=sampler, num_workers=num_workers,
                       pin_memory=pin_memory, generator=generator, collate_fn=collate_batch, **kwargs)

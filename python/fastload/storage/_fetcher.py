@@ -41,6 +41,9 @@ from ..format._manifest import ShardInfo
 from ._cache import DownloadStopped, NoRoom, fetch_shard, hold_shard, is_whole, shard_lock, window_bytes
 from ._client import RemoteRoot
 from ._locks import FileLock
+from ._room import ROOM_WAIT_S  # the cache's one wait for room: here beyond the retry budget (downloads in
+
+# flight hold their room while they retry through an outage)
 from ._urls import redact
 from ._window import NeedPlan, reserve_room
 
@@ -48,9 +51,6 @@ DOWNLOAD_THREADS = 8  # concurrent shard downloads (obstore releases the GIL)
 _WAIT_SLICE_S = 0.1  # a waiting thread wakes this often (Ctrl-C is handled between slices)
 _ROOM_RETRY_S = 0.05  # a download with no room tries again this often (or when a reader lets go of shards)
 _AHEAD_WAIT_S = 1.0  # a download waiting for the reader to move on looks again this often (at() wakes it first)
-# A shard a reader waits for finds no room in a windowed version this long beyond the retry budget
-# (retry_timeout_s: downloads in flight hold room while they retry through an outage): an error.
-ROOM_WAIT_S = 60.0
 
 
 class ShardFetcher:
