@@ -12,6 +12,8 @@ def test_demo_runs_clean(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "same batches from both: True" in out, out
+    assert "scenes stitched back from shuffled tiles bit for bit: True" in out, out
+    assert "georeferenced: True" in out, out
     for trouble in ("warning", "Warning", "got no val image", "error", "Traceback"):
         assert trouble not in out, out
     assert "val: " in out and "animals 0" not in out, out  # every class has validation samples

@@ -329,14 +329,14 @@ def test_window_coverage_is_the_exact_expectation_over_every_window():
 
 @pytest.fixture(scope="module")
 def many_scenes(tmp_path_factory) -> Path:
-    """Six labelled scenes of 5x6 tiles of 16 pixels each (30 tiles a scene, 776 decoded bytes a tile)."""
+    """Six labelled scenes of 5x6 tiles of 16 pixels each (30 tiles a scene, 816 decoded bytes a tile)."""
     return write_scenes(tmp_path_factory.mktemp("many-scenes"), 6, seed=8)
 
 
 def small_groups(monkeypatch, samples: int) -> None:
-    """Make the groups of the shuffled order ``samples`` tiles of the scenes fixtures (776 decoded bytes each)."""
-    monkeypatch.setattr(_write_groups, "GROUP_BYTES", samples * 776)
-    monkeypatch.setattr(preprocess, "GROUP_BYTES", samples * 776)
+    """Make the groups of the shuffled order ``samples`` tiles of the scenes fixtures (816 decoded bytes each)."""
+    monkeypatch.setattr(_write_groups, "GROUP_BYTES", samples * 816)
+    monkeypatch.setattr(preprocess, "GROUP_BYTES", samples * 816)
 
 
 def counted_reads(monkeypatch) -> dict[str, int]:
@@ -361,7 +361,7 @@ def test_each_scene_is_read_once_in_the_default_groups(tmp_path, many_scenes, mo
     reads = counted_reads(monkeypatch)
     manifest = convert(many_scenes, tmp_path / "o", *TILED)
     assert reads == {f"c{c}": 1 for c in range(6)}  # one group holds all 180 tiles: one task, each scene read once
-    assert manifest["order"]["group_samples"] == GROUP_BYTES // 776 > 180
+    assert manifest["order"]["group_samples"] == GROUP_BYTES // 816 > 180
     assert "note:" not in capsys.readouterr().err
     masks = [int(m, 16) for m in manifest["shard_labels"]["masks"]]
     assert np.mean([bin(m).count("1") for m in masks]) >= 4  # shards of 7 tiles mix the 6 scenes
@@ -372,8 +372,8 @@ def test_a_scene_is_read_once_per_group_it_spans(tmp_path, many_scenes, monkeypa
     reads = counted_reads(monkeypatch)
     manifest = convert(many_scenes, tmp_path / "o", *TILED, "--seed", "3")
     order = GroupedOrder(3, [30] * 6, 180, 20)
-    assert manifest["order"]["group_samples"] == 20 and manifest["order"]["group_bytes"] == 20 * 776
-    assert manifest["provenance"]["options"]["order_group_bytes"] == 20 * 776 and order.groups == 9
+    assert manifest["order"]["group_samples"] == 20 and manifest["order"]["group_bytes"] == 20 * 816
+    assert manifest["provenance"]["options"]["order_group_bytes"] == 20 * 816 and order.groups == 9
     spans = {f"c{c}": sum(1 for g in range(order.groups) for s, _, _ in order.chunks(g) if s == c) for c in range(6)}
     assert reads == spans and sum(reads.values()) == order.reads() <= order.groups + 6 - 1
     assert max(reads.values()) <= 3 and order.reads_per_source() < READS_NOTE_FROM  # 30 tiles span 2 or 3 groups

@@ -1,7 +1,8 @@
 """fastload: a fast, deterministic data loader for PyTorch over LMDB tile shards.
 
 Public: the names in ``fastload.__all__`` (re-exported here), :mod:`fastload.errors`,
-:mod:`fastload.transforms`, :mod:`fastload.sampling`, and the command modules
+:mod:`fastload.transforms`, :mod:`fastload.sampling`, :mod:`fastload.weights` (imported on
+first use), and the command modules
 :mod:`fastload.preprocess` (``preprocess_tiles``), :mod:`fastload.cli` (``fastload``) and
 :mod:`fastload.demo`. Everything else is private, grouped by stage (docs/ARCHITECTURE.md):
 ``format`` (the files and reading them back), ``conversion`` (into the format),
@@ -37,6 +38,7 @@ _LAZY = {
     "ConcatShardDataset": ".loading._compose",
     "Field": ".format._record",
     "MixedShardDataset": ".loading._compose",
+    "Mosaic": ".loading._mosaic",
     "ORDER_VERSION": ".sampling._order",
     "SAMPLING_VERSION": ".sampling._alias",
     "ShardDataModule": ".loading._datamodule",
@@ -65,6 +67,7 @@ __all__ = [
     "FastloadWarning",
     "Field",
     "MixedShardDataset",
+    "Mosaic",
     "ORDER_VERSION",
     "SAMPLING_VERSION",
     "SchemaMismatchError",
@@ -86,7 +89,13 @@ __all__ = [
 ]
 
 
+# Public submodules that need torch, imported on first attribute access (``fastload.weights``).
+_SUBMODULES = ("weights",)
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)  # the import binds it in globals() too
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fastload' has no attribute {name!r}")
@@ -96,10 +105,11 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
 
 
 if TYPE_CHECKING:
+    from . import weights as weights
     from .conversion._array_writer import write_arrays
     from .conversion._convert import write_dataset
     from .format._record import Field
@@ -108,6 +118,7 @@ if TYPE_CHECKING:
     from .loading._dataset import ShardDataset
     from .loading._helpers import EpochDataLoader, check_determinism, create_dataloader, seed_everything
     from .loading._loader import ShardLoader
+    from .loading._mosaic import Mosaic
     from .loading._state import StateError
     from .loading._subset import ShardSubset
     from .loading._weights import class_balanced_weights

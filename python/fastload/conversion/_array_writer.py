@@ -7,6 +7,7 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -16,6 +17,15 @@ from ..format._codecs import CODECS, IMAGE_CODECS, default_options, guess_layout
 from ..format._dtypes import dtype_name
 from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import Field, RecordEncoder
+from ..format._scenes import (
+    SCENE_FIELD,
+    SCENES_KEY,
+    WINDOW_FIELD,
+    Scene,
+    build_scenes,
+    check_scene_indices,
+    check_windows,
+)
 from ._auto import Choice, choose_codec, sample_indices
 from ._samples import check_sample_bytes
 from ._shard_labels import label_histogram, shard_labels_doc
@@ -27,7 +37,8 @@ from ._write_order import check_order, check_seed, order_doc
 def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], codec: str | Mapping[str, str] = "raw",
                  level: int | None = None, samples_per_shard: int = 1024, overwrite: bool = False, *,
                  layout: str | None = None, quality: int | None = None, subsampling: str | None = None,
-                 prefer: str = "balanced", lossy_ok: bool = False, order: str = "source", seed: int = 0) -> Manifest:
+                 prefer: str = "balanced", lossy_ok: bool = False, order: str = "source", seed: int = 0,
+                 scenes: Sequence[Mapping[str, Any] | str | os.PathLike[str]] | None = None) -> Manifest:
     """Write ``arrays`` (field name -> array of shape ``[N, *field shape]``) as a dataset in ``out_dir``.
 
     ``codec`` is one codec for every field or a mapping per field (fields not
@@ -45,8 +56,17 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     ``_write_groups.GroupedOrder(seed, None, N, G).samples(p, p + 1)``, every sample a source of its own, G
     from ``GROUP_BYTES``; recorded in the
     manifest's ``order``). The arrays are the caller's, in memory, so the
-    default keeps their order. Returns the manifest
-    written. Raises SchemaMismatchError when the arrays disagree in N or a codec
+    default keeps their order.
+
+    ``scenes``: where the samples were cut from (data tiled elsewhere), recorded in the manifest's
+    ``scenes`` for ``fastload.Mosaic``: a list of dicts as the manifest holds them (``path``,
+    ``height``, ``width``, ``tiles``, optional ``files`` and ``georef``) or of TIFF paths (size and
+    GeoTIFF/OME georeferencing read with tifffile; recorded by file name). With a ``scene`` field
+    (int64 index into ``scenes``) ``tiles`` is counted from it (a ``tiles`` given must agree), and
+    every index and ``window`` (``(y, x, height, width)``) is checked to lie in its scene; without
+    one each dict needs ``tiles``. ArgumentError naming the scene or the sample otherwise.
+
+    Returns the manifest written. Raises SchemaMismatchError when the arrays disagree in N or a codec
     cannot hold a field (the message names the codecs that can).
     """
     out = Path(out_dir)
@@ -67,6 +87,7 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
         raise SchemaMismatchError(f"fields differ in sample count: {counts}")
     n = next(iter(counts.values()))
     check_codecs(codec, list(arrays))
+    scene_list = _scenes_of_arrays(scenes, arrays) if scenes is not None else None
     fields = []
     choices = {}
     for name, a in arrays.items():
@@ -102,9 +123,23 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     labels = shard_labels_doc(histograms)
     if labels is not None:
         extra["shard_labels"] = labels
+    if scene_list is not None:
+        extra[SCENES_KEY] = [s.to_json() for s in scene_list]
     manifest = Manifest(fields, shards, provenance, extra, dataset_id=ident)
     write_json_atomic(out / MANIFEST_NAME, manifest.to_json())
     return manifest
+
+
+def _scenes_of_arrays(scenes: Sequence[Mapping[str, Any] | str | os.PathLike[str]],
+                      arrays: Mapping[str, np.ndarray]) -> list[Scene]:
+    """Return ``write_arrays``' scenes: tiles counted from a ``scene`` field, whose indices and windows are checked."""
+    if SCENE_FIELD not in arrays or isinstance(scenes, (str, bytes, os.PathLike)) or not isinstance(scenes, Sequence):
+        return build_scenes(scenes, None, "write_arrays", ArgumentError)  # (refuses scenes that are not a list)
+    count = len(scenes)
+    index = check_scene_indices(arrays[SCENE_FIELD], count, 0, "write_arrays", ArgumentError)
+    scene_list = build_scenes(scenes, np.bincount(index, minlength=count).tolist(), "write_arrays", ArgumentError)
+    check_windows(scene_list, index, arrays.get(WINDOW_FIELD), 0, "write_arrays", ArgumentError)
+    return scene_list
 
 
 def _identity(arrays: Mapping[str, np.ndarray], samples_per_shard: int) -> str:

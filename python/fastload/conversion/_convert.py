@@ -36,8 +36,17 @@ import numpy as np
 
 from ..errors import ArgumentError, SchemaMismatchError
 from ..format._codecs import default_options
-from ..format._manifest import MANIFEST_NAME, Manifest
+from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import Field, RecordEncoder
+from ..format._scenes import (
+    SCENE_FIELD,
+    SCENES_KEY,
+    build_scenes,
+    check_scene_indices,
+    check_windows,
+    read_scene_fields,
+    scene_items,
+)
 from ..storage import is_remote
 from ..storage._publish import read_remote_manifest
 from ._array_writer import check_codecs, plan_field
@@ -127,7 +136,8 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
                   names: Sequence[str] | None = None, progress: bool = True, layout: str | None = None,
                   quality: int | None = None, subsampling: str | None = None, prefer: str = "balanced",
                   lossy_ok: bool = False, client: Any = None, storage_options: Mapping[str, Any] | None = None,
-                  cache_dir: str | os.PathLike | None = None, order: str | None = None, seed: int = 0) -> Manifest:
+                  cache_dir: str | os.PathLike | None = None, order: str | None = None, seed: int = 0,
+                  scenes: Sequence[Mapping[str, Any] | str | os.PathLike[str]] | None = None) -> Manifest:
     """Write every sample of ``source`` as a shard dataset in ``out_dir`` and return its manifest.
 
     ``out_dir`` may be a URL of object storage (``s3://``, ``gs://``, ``az://``; needs
@@ -172,10 +182,18 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
     Dask workers and any task retries (docs/dask.md). ``workers`` must then
     stay 1 (ArgumentError otherwise). ClusterError when Dask's
     ``distributed`` is not installed or the scheduler is lost.
+
+    ``scenes``: where the samples were cut from, recorded in the manifest's ``scenes`` for
+    ``fastload.Mosaic``, as ``write_arrays(scenes=...)``: dicts as the manifest holds them or TIFF
+    paths. With a ``scene`` field, ``tiles`` is counted from the written samples, which are read back
+    once written (their ``scene`` and ``window`` fields) and checked to lie in their scenes; a sample
+    that does not leaves the shards without a manifest (ArgumentError naming its position). Not with
+    ``client`` writing to object storage (the shards never reach this machine to be counted).
     """
     options = dict(codec=codec, level=level, samples_per_shard=samples_per_shard, shard_size=shard_size,
                    workers=workers, resume=resume, names=names, progress=progress, layout=layout, quality=quality,
-                   subsampling=subsampling, prefer=prefer, lossy_ok=lossy_ok, client=client, order=order, seed=seed)
+                   subsampling=subsampling, prefer=prefer, lossy_ok=lossy_ok, client=client, order=order, seed=seed,
+                   scenes=scenes)
     if isinstance(out_dir, str) and is_remote(out_dir):
         staging, storage = stage_output(out_dir, storage_options, cache_dir, overwrite, resume)
         if staging is None:  # resume=True, and the URL holds the finished dataset
@@ -194,9 +212,11 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
            samples_per_shard: int | None, shard_size: str | None, workers: int, resume: bool, overwrite: bool,
            names: Sequence[str] | None, progress: bool, layout: str | None, quality: int | None,
            subsampling: str | None, prefer: str, lossy_ok: bool, client: Any,
-           target: RemoteShards | None, order: str | None, seed: int) -> Manifest:
+           target: RemoteShards | None, order: str | None, seed: int,
+           scenes: Sequence[Any] | None = None) -> Manifest:
     """``write_dataset`` into a local directory; the shards go to ``target`` when given (a URL's, on a cluster)."""
     names = check_names(names)
+    items = scene_items(scenes, "write_dataset", ArgumentError) if scenes is not None else None
     check_codecs(codec, None)  # the field names are checked once the first sample gives them
     used = {codec} if isinstance(codec, str) else set(codec.values())
     if level is not None and used <= {"raw"}:
@@ -279,6 +299,13 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
     fields, choices = _plan_fields(first, codec, level, layout, quality, subsampling, prefer, lossy_ok,
                                    lambda: _auto_samples(source, count, first, head, tuple_names))
     check_sample_bytes(fields, "write_dataset")
+    counted = items is not None and SCENE_FIELD in first  # tiles counted from the samples once written
+    if counted and target is not None:
+        raise ArgumentError("write_dataset: scenes= with a 'scene' field, written by a Dask cluster to object "
+                            "storage: the shards never reach this machine to be counted; write locally, or give "
+                            "the scenes without the field")
+    extra = {SCENES_KEY: [s.to_json() for s in build_scenes(items, None, "write_dataset", ArgumentError)]} if (
+        items is not None and not counted) else {}
     for choice in choices.values():
         if progress:
             print(choice.summary())
@@ -322,10 +349,31 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
                    worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample",
                    piece=_range_piece if map_style else None, piece_samples=chunk, target=target, order=order,
                    seed=seed, gather=_gather_indices if map_style else None,
-                   gather_encode=_encode_indices if map_style else None, sample_sources=map_style)
+                   gather_encode=_encode_indices if map_style else None, sample_sources=map_style, extra=extra)
     if client is not None and progress:
         print(describe(client))
-    return write_job(job, workers, skip_bad=False, resume=resume, progress=progress, client=client).manifest
+    manifest = write_job(job, workers, skip_bad=False, resume=resume, progress=progress, client=client).manifest
+    if counted:
+        _record_scenes(out, manifest, items)
+    return manifest
+
+
+def _record_scenes(out: Path, manifest: Manifest, items: Any) -> None:
+    """Count each scene's samples in the written shards, check their windows, record ``scenes`` in the manifest.
+
+    A sample outside its scene withdraws the manifest (the shards stay, an incomplete dataset) and raises.
+    """
+    scene, window = read_scene_fields(out, manifest)
+    try:
+        index = check_scene_indices(scene, len(items), 0, "write_dataset", ArgumentError)
+        scene_list = build_scenes(items, np.bincount(index, minlength=len(items)).tolist(), "write_dataset",
+                                  ArgumentError)
+        check_windows(scene_list, index, window, 0, "write_dataset", ArgumentError)
+    except ArgumentError as err:
+        (out / MANIFEST_NAME).unlink(missing_ok=True)
+        raise ArgumentError(f"{err} (sample numbers are positions in {out}; its manifest is withdrawn)") from None
+    manifest.extra[SCENES_KEY] = [s.to_json() for s in scene_list]
+    write_json_atomic(out / MANIFEST_NAME, manifest.to_json())
 
 
 

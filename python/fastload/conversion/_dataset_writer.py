@@ -31,7 +31,7 @@ from ._shard_labels import label_histogram, shard_labels_doc
 from ._shard_plan import shard_capacity
 from ._shard_targets import LocalShards, ShardTarget
 from ._shard_writer import dataset_id
-from ._source_files import source_stat
+from ._source_files import partner_stat, source_stat
 from ._sources import Source
 from ._write_order import READS_NOTE_FROM, check_order, order_doc, picks_of, shuffled_job, write_order
 
@@ -119,8 +119,7 @@ class WriteJob:
         return (self.settings, picks_of(self.sources, sources, samples), len(sources))
 
     def _image_piece(self, source: int, first: int, stop: int) -> tuple:
-        src = self.sources[source]
-        return (self.settings, src.relpath, src.label, first, stop)
+        return (self.settings, self.sources[source], source, first, stop)
 
     def run_tasks(self, fn: Callable[..., Any], arg_tuples: Iterable[tuple], workers: int,
                   client: Any) -> Iterator[tuple[Any, BaseException | None]]:
@@ -130,7 +129,7 @@ class WriteJob:
         """
         initializer, initargs = self.worker_init if self.worker_init is not None else (None, ())
         return ordered_map(fn, arg_tuples, workers, initializer, initargs, client=client,
-                           fresh_workers=getattr(self.settings, "remote", None) is not None)
+                           fresh_workers=_remote_sources(self.settings))
 
 
 @dataclass
@@ -140,6 +139,13 @@ class WriteResult:
     manifest: Manifest
     source_bytes: int
     decoded_bytes: int
+
+
+def _remote_sources(settings: Any) -> bool:
+    """Return whether an image job reads a folder in object storage (its source folder or a partner's)."""
+    dense = getattr(settings, "dense", None)
+    return getattr(settings, "remote", None) is not None or any(p.remote is not None for p in
+                                                                 (dense.partners if dense is not None else ()))
 
 
 def _identity(job: WriteJob) -> str:
@@ -153,7 +159,7 @@ def _identity(job: WriteJob) -> str:
     if job.stamp is None:
         for s in job.sources:
             size, _ = source_stat(job.settings, s.relpath)
-            lines.append(f"{s.relpath}|{s.label}|{size}")
+            lines.append(f"{s.relpath}|{s.label}|{size}" + _partner_line(job, s, versions=False))
     return "\n".join(lines)
 
 
@@ -167,8 +173,20 @@ def _fingerprint(job: WriteJob) -> str:
         return h.hexdigest()
     for s in job.sources:
         size, version = source_stat(job.settings, s.relpath)
-        h.update(f"{s.relpath}|{s.label}|{size}|{version}\n".encode())
+        h.update(f"{s.relpath}|{s.label}|{size}|{version}{_partner_line(job, s, versions=True)}\n".encode())
     return h.hexdigest()
+
+
+def _partner_line(job: WriteJob, source: Source, versions: bool) -> str:
+    """Return what identifies a scene's partner files (paths, sizes, versions): empty without partners."""
+    dense = getattr(job.settings, "dense", None)
+    if dense is None or not source.partners:
+        return ""
+    parts = []
+    for partner, relpath in zip(dense.partners, source.partners):
+        size, version = partner_stat(partner, relpath)
+        parts.append(f"|{partner.name}={relpath}|{size}" + (f"|{version}" if versions else ""))
+    return "".join(parts)
 
 
 def _clean_partial_files(out_dir: Path, keep: set[str]) -> None:
@@ -183,7 +201,7 @@ def _image_tasks(job: WriteJob, start: tuple[int, int]) -> Iterator[Task]:
     for i in range(start[0], len(job.sources)):
         src = job.sources[i]
         first = start[1] if i == start[0] else 0
-        yield (i, first, (job.settings, src.relpath, src.label, first))
+        yield (i, first, (job.settings, src, i, first))
 
 
 def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, progress: bool = True,
@@ -382,6 +400,9 @@ def _finish(job: WriteJob, journal: Journal, target: ShardTarget, group_samples:
         if total != first:
             raise PreprocessError(f"{out_dir}: wrote {total} samples but the sources add up to {first}")
         extra["sources"] = sources_doc
+    if "scenes" in extra:  # a scene skipped at encoding gave no tiles
+        extra["scenes"] = [{**scene, "tiles": 0} if scene["path"] in skipped_paths else scene
+                           for scene in extra["scenes"]]
     extra["skipped"] = job.probe_skipped + [{"path": s["path"], "error": s["error"]} for s in journal.skipped]
     extra["order"] = order_doc(job.order, job.seed, group_samples)
     labels = shard_labels_doc([e.get("labels") for e in journal.entries])

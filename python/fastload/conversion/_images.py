@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +11,7 @@ import tifffile
 from PIL import Image
 
 from ..errors import ArgumentError, ImageReadError, PreprocessError
+from ..format._georef import read_georef
 from ._layouts import LayoutError, npy_hwc_shape, npy_layout_of
 
 IMAGE_SUFFIXES = {".png": "pillow", ".jpg": "pillow", ".jpeg": "pillow", ".tif": "tiff", ".tiff": "tiff", ".npy": "npy",
@@ -32,6 +33,7 @@ class ImageInfo:
     width: int
     channels: int
     dtype: str
+    georef: dict | None = field(default=None, compare=False, hash=False)  # GeoTIFF/OME (format/_georef.py)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -70,7 +72,7 @@ def probe_image(path: str | os.PathLike, npy_layout: str = "auto", mode: str = "
                 series = tif.series[0]
                 shape = _tiff_hwc_shape(series.shape, series.axes)
                 _check_tiff_extent(path, tif)
-                return ImageInfo(*shape, dtype=np.dtype(series.dtype).name)
+                return ImageInfo(*shape, dtype=np.dtype(series.dtype).name, georef=read_georef(tif))
         if kind == "hdf5":
             from ._hdf5 import probe_raster
 
@@ -143,6 +145,11 @@ def _check_tiff_extent(path: str | os.PathLike, tif: tifffile.TiffFile) -> None:
 
 
 def _pillow_target_mode(img: Image.Image, mode: str = "keep", path: str | os.PathLike = "") -> str:
+    if mode == "labels":  # a target: palette indices are the labels, never expanded to colours
+        if img.mode in ("P", "L", "1", "I", "F") or img.mode.startswith("I;16"):
+            return "L" if img.mode == "1" else img.mode
+        raise ImageReadError(path, f"a {img.mode} image is not a label raster (expected one band: L, P, I, "
+                                   "I;16 or F; save colour-coded masks as class indices)")
     if mode != "keep":
         if img.mode.startswith(("I", "F")):
             raise ImageReadError(path, f"--mode {mode} would reduce this {img.mode} image to 8 bits; "
@@ -160,7 +167,8 @@ def _pillow_info(size: tuple[int, int], mode: str) -> ImageInfo:
     if mode.startswith("I;16"):
         return ImageInfo(height, width, 1, "uint16")
     channels, dtype = {"L": (1, "uint8"), "LA": (2, "uint8"), "RGB": (3, "uint8"), "RGBA": (4, "uint8"),
-                       "CMYK": (4, "uint8"), "I": (1, "int32"), "F": (1, "float32")}.get(mode, (0, ""))
+                       "CMYK": (4, "uint8"), "I": (1, "int32"), "F": (1, "float32"),
+                       "P": (1, "uint8")}.get(mode, (0, ""))
     if not channels:
         raise ArgumentError(f"unsupported Pillow image mode {mode!r}")
     return ImageInfo(height, width, channels, dtype)

@@ -167,3 +167,14 @@ def labels_from_csv(csv_path: Path | str, data_dir: Path | str, relpaths: list[s
         classes = sorted(set(values))
         index = {c: i for i, c in enumerate(classes)}
         return [Source(p, index[v]) for p, v in zip(relpaths, values)], classes
+
+
+def read_csv_text(csv_path: Path | str, storage_options: LabelStorage = None) -> str:
+    """Return a CSV file (a local path, or a URL of object storage) as text; SourceError naming it when missing."""
+    if is_remote(csv_path):
+        assert isinstance(csv_path, str)
+        return _remote_text(csv_path, storage_options)
+    if not Path(csv_path).is_file():
+        raise SourceError(f"{csv_path}: file not found")
+    with open(csv_path, newline="", encoding="utf-8-sig") as f:
+        return f.read()

@@ -79,7 +79,9 @@ def stack_job(job: WriteJob, settings: StackSettings, infos: dict[str, StackInfo
     from ._hdf5 import encode_stack_picked, encode_stack_rows
 
     def gather(sources: np.ndarray, samples: np.ndarray) -> tuple:
-        return (settings, picks_of(job.sources, sources, samples), len(sources))
+        picks = [(src.relpath, src.label, rows, slots)
+                 for src, _, rows, slots in picks_of(job.sources, sources, samples)]
+        return (settings, picks, len(sources))
 
     # No pieces: a stack's rows are read in chunks, and a chunk that fails mid-file must fail as in a
     # one-machine run (not skip the whole file), so the driver writes its shards. A shuffled order

@@ -57,3 +57,12 @@ def source_stat(settings: Any, relpath: str) -> tuple[int, str]:
         return listed.size, listed.version
     st = os.stat(os.path.join(settings.data_dir, relpath))
     return st.st_size, str(st.st_mtime_ns)
+
+
+def partner_stat(partner: Any, relpath: str) -> tuple[int, str]:
+    """Return (size in bytes, version) of a partner file (a ``_partners.Partner``'s ``relpath``), as ``source_stat``."""
+    if partner.remote is not None:
+        listed = partner.remote.stat(relpath)
+        return listed.size, listed.version
+    st = os.stat(os.path.join(partner.data_dir, relpath))
+    return st.st_size, str(st.st_mtime_ns)

@@ -18,10 +18,15 @@ from ._images import is_image_file
 
 @dataclass(frozen=True)
 class Source:
-    """One source image: its path relative to the data directory and its label (or None)."""
+    """One source image: its path relative to the data directory, its label (or None), and its partners' paths.
+
+    ``partners``: the path of each ``--inputs``/``--targets`` file of this scene, relative to its
+    folder, in the order of the run's partners (``_partners.py``); empty without partners.
+    """
 
     relpath: str
     label: int | None = None
+    partners: tuple[str, ...] = ()
 
 
 def find_images(data_dir: Path) -> tuple[list[str], list[str]]:

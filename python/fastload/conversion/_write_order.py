@@ -114,6 +114,6 @@ def shuffled_job(job: Any, order: GroupedOrder) -> Any:
 
 
 def picks_of(listed: Sequence[Source], sources: np.ndarray, samples: np.ndarray) -> list[tuple]:
-    """Return, per source touched, (its path, its label, its samples in increasing order, their slots in the task)."""
+    """Return, per source touched, (the source, its index, its samples in increasing order, their slots in the task)."""
     groups = group_by_source(sources, samples)
-    return [(listed[s].relpath, listed[s].label, picked, slots) for s, picked, slots in groups]
+    return [(listed[s], s, picked, slots) for s, picked, slots in groups]

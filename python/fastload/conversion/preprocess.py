@@ -40,11 +40,27 @@ from ._auto import PREFERENCES, Choice, choose_codec, sample_indices
 from ._cli_options import UsageError, check_options, parse_hw, parse_size
 from ._dask_map import CONNECT_TIMEOUT_S, check_client, connect, describe
 from ._dataset_writer import PreprocessError, ShardLimits, WriteJob, WriteResult, write_dataset
+from ._dense_run import (
+    check_dense_options,
+    dense_spec,
+    kept_tile_counts,
+    outside_partners,
+    pair_sources,
+    scenes_doc,
+)
 from ._encode import EncodeSettings, TileSpec, source_samples
 from ._hdf5 import StackInfo, StackSettings
-from ._images import PILLOW_MODES, ImageReadError
+from ._images import PILLOW_MODES, ImageInfo, ImageReadError
 from ._journal import PROGRESS_NAME
 from ._label_csv import labels_from_csv
+from ._partner_plan import (
+    check_ignore_index,
+    check_partners_consistent,
+    dense_fields,
+    parse_field_codecs,
+    probe_partners,
+)
+from ._partners import Partner, partners_of
 from ._preprocess_h5 import probe_stacks, stack_fields, stack_job, stack_plan
 from ._preprocess_plan import (
     SplitPlan,
@@ -58,6 +74,7 @@ from ._preprocess_plan import (
 )
 from ._remote_output import direct_target, publish_output, stage_output
 from ._run_record import check_resume_options
+from ._shard_targets import TASKS_DIR
 from ._sources import (
     Source,
     SourceError,
@@ -73,6 +90,7 @@ __all__ = ["UsageError", "build_parser", "main", "parse_hw", "parse_size", "run"
 
 DEFAULT_SHARD_BYTES = 256 * 10**6
 AUTO_SOURCES = 16  # --codec auto samples tiles of this many source images
+_DENSE_OPTIONS = ("inputs", "targets", "pairs", "field_codec", "num_classes", "ignore_index", "min_labelled")
 _OPTIONS_IN_PROVENANCE = ("labels", "labels_from_dirs", "label_column", "path_column", "tile_size", "stride", "edge",
                           "layout", "dtype", "npy_layout", "mode", "val_fraction", "seed", "stratify", "order",
                           "samples_per_shard", "shard_size", "codec", "level",
@@ -106,6 +124,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=PILLOW_MODES, default="keep", help="convert PNG/JPEG images to this Pillow mode")
     p.add_argument("--h5-dataset", help="in .h5/.hdf5 files, the dataset of stacked samples, shape (N, ...)")
     p.add_argument("--h5-labels", help="in .h5/.hdf5 files, the dataset of labels, shape (N,)")
+    dense = p.add_argument_group("scenes with targets and co-registered inputs (docs/dense.md)")
+    dense.add_argument("--targets", nargs="+", action="extend", default=[], metavar="NAME=DIR",
+                       help="masks or per-pixel targets, one file per scene, paired with each image by its path "
+                            "relative to DIR (same sub-folder and stem); each becomes a field NAME cut on the "
+                            "image's grid (one band: a 2-D field); lossless (zstd unless --field-codec)")
+    dense.add_argument("--inputs", nargs="+", action="extend", default=[], metavar="NAME=DIR",
+                       help="extra co-registered inputs (other sensors, a DEM), paired as --targets; each a field "
+                            "NAME of its own bands and dtype, beside image; --codec (zstd when auto) unless "
+                            "--field-codec")
+    dense.add_argument("--pairs", type=_location, metavar="CSV",
+                       help="pair by this CSV instead of by stem: a header 'image,NAME,...' and one row per scene, "
+                            "paths relative to each folder")
+    dense.add_argument("--field-codec", nargs="+", action="extend", default=[], metavar="NAME=CODEC",
+                       help="the codec of an --inputs or --targets field (jpeg refused for targets)")
+    dense.add_argument("--num-classes", nargs="+", action="extend", default=[], metavar="K|NAME=K",
+                       help="record per tile the pixels of each class 0..K-1 of the one-band integer targets (or "
+                            "of target NAME) in a field NAME_class_pixels (int32[K]), for "
+                            "fastload.weights.from_mask_classes; another value is an error")
+    dense.add_argument("--ignore-index", type=float, metavar="VALUE",
+                       help="the target value that is no label: not counted, and the padding of targets "
+                            "(needed with --edge pad)")
+    dense.add_argument("--min-labelled", type=float, metavar="FRACTION",
+                       help="drop tiles whose labelled pixels (inside the scene, not --ignore-index) of the first "
+                            "counted target (else the first target) are fewer than FRACTION of the tile")
     p.add_argument("--val-fraction", type=float, help="write train/ and val/, split by source image")
     p.add_argument("--seed", type=int, help="seed of the train/val split and of the shuffled order (default: 0)")
     p.add_argument("--stratify", action=argparse.BooleanOptionalAction, default=None,
@@ -151,7 +193,8 @@ def _prepare_output(out: Path, overwrite: bool, resume: bool, argv: list[str] | 
     ours = [out / MANIFEST_NAME, out / PROGRESS_NAME, out / SPLITS_NAME, *(out / s / n for s in ("train", "val")
                                                          for n in (MANIFEST_NAME, PROGRESS_NAME))]
     recorded = any(p.exists() for p in ours)
-    looks_ours = recorded or all(p.name.startswith(("shard-", ".shard-")) for p in out.iterdir())
+    looks_ours = recorded or all(p.name.startswith(("shard-", ".shard-")) or p.name == TASKS_DIR
+                                 for p in out.iterdir())
     if resume:
         if not recorded and _leftovers_only(out):  # interrupted before its first shard: nothing to keep
             print(f"{out}: nothing completed yet: starting the run")
@@ -172,8 +215,14 @@ def _prepare_output(out: Path, overwrite: bool, resume: bool, argv: list[str] | 
 
 
 def _leftovers_only(out: Path) -> bool:
-    """Return whether ``out`` holds only what a run leaves before its first shard: split folders, partial shards."""
+    """Return whether ``out`` holds only what a run leaves before its first shard: split folders, partial shards.
+
+    Shards that worker tasks staged (``.tasks/``) and nobody committed are leftovers too: a run
+    interrupted between making that folder and deleting it leaves it behind.
+    """
     for path in out.iterdir():
+        if path.is_dir() and not path.is_symlink() and path.name == TASKS_DIR:
+            continue
         if path.is_dir() and path.name in ("train", "val"):
             if not _leftovers_only(path):
                 return False
@@ -207,6 +256,7 @@ def _sources_and_classes(args: argparse.Namespace, data_dir: Path | str,
     if others:
         print(f"ignoring {len(others)} file(s) that are not images: {', '.join(others[:5])}"
               + (" ..." if len(others) > 5 else ""), file=sys.stderr)
+    relpaths = outside_partners(relpaths, data_dir, getattr(args, "partners", ()))
     if args.labels_from_dirs:
         return labels_from_dirs(relpaths)
     if args.labels:
@@ -218,6 +268,15 @@ def _sources_and_classes(args: argparse.Namespace, data_dir: Path | str,
 def _option_doc(args: argparse.Namespace) -> dict[str, Any]:
     doc = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k in _OPTIONS_IN_PROVENANCE}
     doc["labels"] = (redact(args.labels) if is_remote(args.labels) else str(args.labels)) if args.labels else None
+    for name in _DENSE_OPTIONS:  # recorded when given: a run without them records what it always did
+        value = getattr(args, name, None)
+        if value in (None, []):
+            continue
+        if name in ("inputs", "targets"):  # the fields, not where their folders are (provenance.partner_roots):
+            value = [text.partition("=")[0] for text in value]  # the options make the dataset id, as --data-dir
+        elif name == "pairs":  # the pairing enters the id through the partner files, not the CSV's location
+            value = True
+        doc[name] = value
     # Effective values, so that spelling out a default does not count as a change on --resume.
     labelled = bool(args.labels or args.labels_from_dirs)
     if not args.h5_dataset:
@@ -279,7 +338,10 @@ def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
     if isinstance(args.output_dir, str):  # a URL: written in a staging directory, then published
         return _run_to_url(args, client, args.output_dir)
     check_options(args)
+    check_dense_options(args)
     remote = _input_folder(args)
+    args.partners = partners_of(getattr(args, "inputs", []), getattr(args, "targets", []),
+                                getattr(args, "storage_options", None))
     try:
         data_dir: Path | str = args.data_dir
         if remote is None and args.data_dir.exists():
@@ -288,10 +350,12 @@ def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
         if args.resume:
             check_resume_options(args.output_dir, option_doc)
         sources, classes = _sources_and_classes(args, data_dir, remote)
+        sources, args.pair_missing = pair_sources(args, sources)
         return _run_with_client(args, client, data_dir, option_doc, sources, classes, remote)
     finally:
-        if remote is not None and remote.scratch is not None:
-            shutil.rmtree(remote.scratch, ignore_errors=True)
+        for folder in [remote, *(p.remote for p in args.partners)]:
+            if folder is not None and folder.scratch is not None:
+                shutil.rmtree(folder.scratch, ignore_errors=True)
 
 
 def _run_with_client(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc: dict[str, Any],
@@ -341,6 +405,7 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
     _prepare_output(args.output_dir, args.overwrite, args.resume, getattr(args, "argv", None))
 
     labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)
+    scenes: dict[str, list[dict[str, Any]]] = {}
     stacks: dict[str, StackInfo] | None = None
     choice: Choice | None = None
     if args.h5_dataset:
@@ -363,6 +428,19 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
                                            args.skip_bad, client, remote)
         if not good:
             raise PreprocessError(f"{data_dir}: every image was unreadable")
+        info_of = {s.relpath: i for s, i in zip(good, infos)}
+        partners = args.partners
+        partner_infos: list[ImageInfo] = []
+        if partners:
+            good = [s for s in good if s.partners]  # the others lack a partner file (skipped: --skip-bad)
+            good, pair_infos, pair_bad = probe_partners(partners, good, info_of, args.npy_layout, args.workers,
+                                                        args.skip_bad, client)
+            probe_bad += args.pair_missing + pair_bad
+            if not good:
+                raise PreprocessError(f"{data_dir}: no scene has all its partner rasters readable and of its size")
+            infos = [info_of[s.relpath] for s in good]
+            partner_infos = check_partners_consistent(partners, good, pair_infos)
+            check_ignore_index(args.ignore_index, partners, partner_infos)
         ref = check_consistent(good, infos, args.tile_size is not None, args.dtype)
         tiles = TileSpec(args.tile_size, args.stride or args.tile_size, args.edge or "drop")
         info_of = {s.relpath: i for s, i in zip(good, infos)}
@@ -382,9 +460,18 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
                 fields = (Field("image", image_dtype, shape, args.codec, options),)
             except ValueError as err:  # the codec cannot hold the images (SchemaMismatchError)
                 raise UsageError(f"--codec {args.codec}: {err}") from None
+        spec = dense_spec(args, partner_infos)
+        fields += dense_fields(partners, partner_infos, layout, args.codec,
+                               parse_field_codecs(args.field_codec, partners), spec, (height, width))
         if labelled:
             fields += (Field("label", "int64", ()),)
-        settings = EncodeSettings(str(data_dir), fields, tiles, layout, args.npy_layout, args.mode, remote)
+        settings = EncodeSettings(str(data_dir), fields, tiles, layout, args.npy_layout, args.mode, remote, spec)
+        if spec.min_labelled is not None:
+            kept = kept_tile_counts(settings, [s for p in plans for s in p.sources], args.workers, client)
+            for plan in plans:
+                plan.tile_counts = [kept[s.relpath] for s in plan.sources]
+        if spec.windows:
+            scenes = {plan.name: scenes_doc(plan, info_of, partners) for plan in plans}
     for plan in plans:
         check_not_empty(plan, tiles, data_dir)
     for plan in plans:
@@ -402,13 +489,19 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
         if args.resume and (out / MANIFEST_NAME).exists():
             print(f"{out}: already complete")
             continue
-        provenance = _provenance(option_doc, data_dir, plan.name, out, args.absolute_source_root)
+        provenance = _provenance(option_doc, data_dir, plan.name, out, args.absolute_source_root, args.partners)
         if choice is not None:
             provenance["codec_choice"] = {"image": choice.to_json()}
         bad = [b for b in probe_bad if b["path"] in plan.all_paths]
         extra: dict[str, Any] = {"classes": classes} if classes is not None else {}
         if plan.no_tiles:
             extra["no_tiles"] = plan.no_tiles
+        if plan.name in scenes:
+            extra["scenes"] = scenes[plan.name]
+        for role in ("input", "target"):  # the loader resamples targets nearest (transforms), whatever their bands
+            names = [p.name for p in args.partners if p.role == role]
+            if names:
+                extra[f"{role}s"] = names
         publish_to = getattr(args, "publish_to", None)  # (URL, storage options) of an output in object storage
         target = direct_target(publish_to[0], publish_to[1], client, plan.name) if publish_to is not None else None
         job = WriteJob(out, settings, plan.sources, plan.tile_counts, bad, limits, provenance, extra, target=target,
@@ -446,10 +539,14 @@ def _class_name(label: int, classes: list[str] | None) -> str:
 
 
 def _provenance(option_doc: dict[str, Any], data_dir: Path | str, split: str | None, out: Path,
-                absolute: bool = False) -> dict[str, Any]:
-    return {"tool": f"fastload preprocess_tiles {__version__}", "options": option_doc,
-            "source_root": _source_root(data_dir, out, absolute), "split": split or None,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+                absolute: bool = False, partners: list[Partner] | None = None) -> dict[str, Any]:
+    doc = {"tool": f"fastload preprocess_tiles {__version__}", "options": option_doc,
+           "source_root": _source_root(data_dir, out, absolute), "split": split or None,
+           "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if partners:  # where the scenes' partner files are (their paths in ``scenes`` are relative to these)
+        doc["partner_roots"] = {p.name: _source_root(p.data_dir if p.remote is not None else Path(p.data_dir), out,
+                                                     absolute) for p in partners}
+    return doc
 
 
 def _source_root(data_dir: Path | str, out: Path, absolute: bool) -> str:

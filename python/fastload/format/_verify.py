@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ._manifest import HASH_ALGORITHM, ShardInfo, load_manifest
 from ._record import RECORD_VERSION, Field, max_sample_bytes, schema_fingerprint
+from ._scenes import SCENE_FIELD, WINDOW_FIELD, Scene, scenes_of
 from ._shard_files import check_shard_file
 
 _CHUNK = 1 << 22
@@ -71,8 +72,12 @@ def _hash_file(path: Path, advance: Callable[[int], None]) -> str:
 
 def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
                 advance: Callable[[int], None] = lambda n: None, allow_external_shards: bool = False,
-                version: int = RECORD_VERSION, fingerprint: int | None = None) -> list[str]:
+                version: int = RECORD_VERSION, fingerprint: int | None = None,
+                scenes: list[Scene] | None = None) -> list[str]:
     """Return one line per problem of one shard: size, content hash, then every record's checksum.
+
+    With ``scenes`` (the manifest's, validated), every record's ``scene`` and ``window`` must name a
+    scene and lie inside it.
 
     The file is checked as ``ShardDataset`` checks it (a regular file inside ``directory`` unless
     ``allow_external_shards``) and its records are decoded by the native readers' decoders.
@@ -105,12 +110,14 @@ def check_shard(directory: Path, shard: ShardInfo, fields: list[Field],
                                        fingerprint, max_sample_bytes())
     except FastloadError as err:
         return [*problems, str(err)]
-    problems.extend(check_records(records, fields))
+    problems.extend(check_records(records, fields, scenes))
     return problems
 
 
-def check_records(records: Any, fields: list[Field]) -> list[str]:
+def check_records(records: Any, fields: list[Field], scenes: list[Scene] | None = None) -> list[str]:
     """Decode every record of one shard with the readers' native decoders; return one line per bad record.
+
+    With ``scenes``, a record whose ``scene``/``window`` fields fall outside them is a bad record too.
 
     Records are decoded (and their checksums verified) in runs into scratch rows; a bad record is
     reported and the run goes on after it. A shard that changes while it is checked stops the check.
@@ -118,12 +125,15 @@ def check_records(records: Any, fields: list[Field]) -> list[str]:
     sample = max(1, sum(f.nbytes for f in fields))
     rows = max(1, min(256, _DECODE_BYTES // sample))
     out = [np.empty(rows * f.nbytes, np.uint8) for f in fields]
-    problems = []
+    problems: list[str] = []
     key, count = 0, len(records)
     while key < count:
         keys = np.arange(key, min(key + rows, count), dtype=np.uint64)
         try:
             records.decode_rows(keys, np.arange(len(keys), dtype=np.uint64), out)
+            if scenes is not None:
+                problems.extend(f"{records.path} record {key + i}: {why}"
+                                for i, why in window_problems(fields, out, len(keys), scenes))
             key += len(keys)
         except CorruptRecordError as err:
             problems.append(f"{records.path} record {err.record}: {err.reason}")
@@ -153,6 +163,12 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
         report.notes.append(f"{directory}: format version {manifest.format_version}: its shards are not bound to "
                             "the dataset or their positions (a shard swapped with its manifest entry, or copied "
                             "from another dataset, reads as valid); rewrite it with this fastload to get format 3")
+    try:
+        scenes = scenes_of(manifest, directory)
+    except DatasetError as err:
+        report.problems.append(str(err))
+        on_problem(str(err))
+        scenes = None
     fingerprints = manifest.record_fingerprints()
     total = sum(s.bytes for s in manifest.shards)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"verify {directory.name}", disable=not progress or None,
@@ -166,7 +182,8 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="fastload-verify") as pool:
             outcomes = pool.map(lambda s, fp: check_shard(directory, s, manifest.fields, advance,
-                                                          allow_external_shards, manifest.format_version, fp),
+                                                          allow_external_shards, manifest.format_version, fp,
+                                                          scenes),
                                 manifest.shards, fingerprints)
             for shard, problems in zip(manifest.shards, outcomes):
                 report.shards += 1
@@ -179,6 +196,27 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
         bar.close()
     report.seconds = time.perf_counter() - start
     return report
+
+
+def window_problems(fields: list[Field], out: list[np.ndarray], n: int,
+                    scenes: list[Scene]) -> list[tuple[int, str]]:
+    """Return (row, why) for each of the first ``n`` decoded rows whose scene or window is out of its scenes."""
+    names = [f.name for f in fields]
+    if SCENE_FIELD not in names or WINDOW_FIELD not in names:
+        return []
+    scene = out[names.index(SCENE_FIELD)][:n * 8].view(np.int64)
+    window = out[names.index(WINDOW_FIELD)][:n * 32].view(np.int64).reshape(n, 4)
+    bad = []
+    for row in range(n):
+        index = int(scene[row])
+        y, x, h, w = (int(v) for v in window[row])
+        if not 0 <= index < len(scenes):
+            bad.append((row, f"scene {index} is not one of the manifest's {len(scenes)} scenes"))
+        elif not (0 <= y and 0 <= x and h > 0 and w > 0 and y + h <= scenes[index].height
+                  and x + w <= scenes[index].width):
+            bad.append((row, f"window (y={y}, x={x}, h={h}, w={w}) is not inside scene {index} "
+                             f"({scenes[index].height}x{scenes[index].width})"))
+    return bad
 
 
 def find_problems(directory: str | os.PathLike, allow_external_shards: bool = False) -> Iterator[str]:

@@ -78,7 +78,8 @@ class Augment:
                  layout: str | Mapping[str, str], batch_transform: BatchTransform | None,
                  output: Sequence[str] | None, seed: int) -> None:
         fields = [(f.name, f.dtype, f.shape) for f in dataset.fields]
-        self.program = Program(list(transforms), fields, layout, max_sample_bytes()) if transforms else None
+        targets = getattr(dataset, "target_fields", ())
+        self.program = Program(list(transforms), fields, layout, max_sample_bytes(), targets) if transforms else None
         if batch_transform is not None and not callable(batch_transform):
             raise ArgumentTypeError(
                 f"batch_transform must be callable as fn(batch, generator), not {batch_transform!r}")

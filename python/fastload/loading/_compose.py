@@ -81,6 +81,11 @@ class ConcatShardDataset(torch.utils.data.Dataset):
         return h.hexdigest()
 
     @property
+    def target_fields(self) -> tuple[str, ...]:
+        """Return the fields any part's conversion wrote as targets (resampled nearest by default)."""
+        return tuple(dict.fromkeys(t for d in self.datasets for t in getattr(d, "target_fields", ())))
+
+    @property
     def same_layout(self) -> bool:
         """Return whether every dataset stores its records alike (fields, codecs, format), as one shard set reads."""
         first = self.datasets[0]

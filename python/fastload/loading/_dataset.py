@@ -152,6 +152,13 @@ class ShardDataset(torch.utils.data.Dataset):
         return [str(c) for c in classes] if isinstance(classes, list) else None
 
     @property
+    def target_fields(self) -> tuple[str, ...]:
+        """Return the fields the conversion wrote as targets (``--targets``): resampled nearest by default."""
+        names = {f.name for f in self.fields}
+        targets = self.manifest.extra.get("targets")
+        return tuple(t for t in targets if isinstance(t, str) and t in names) if isinstance(targets, list) else ()
+
+    @property
     def schema(self) -> list[Field]:
         """Return the fields this dataset yields, in schema order."""
         return list(self.fields)

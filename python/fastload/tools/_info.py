@@ -61,6 +61,13 @@ def _describe_one(directory: Path, shown: str | None = None) -> str:
         lines.append(f"    {f.name}: {f.dtype} {list(f.shape)} codec {f.codec}{opts}")
     if m.extra.get("classes"):
         lines.append(f"  classes: {', '.join(m.extra['classes'])}")
+    scenes = m.extra.get("scenes")
+    if isinstance(scenes, list) and scenes:
+        georef = sum(1 for sc in scenes if isinstance(sc, dict) and sc.get("georef"))
+        lines.append(f"  scenes: {len(scenes)} (tiles carry scene and window; {georef} georeferenced)")
+    for role in ("targets", "inputs"):
+        if isinstance(m.extra.get(role), list) and m.extra[role]:
+            lines.append(f"  {role}: {', '.join(str(n) for n in m.extra[role])}")
     if m.extra.get("no_tiles"):
         lines.append(f"  source files smaller than the tile (no tiles): {len(m.extra['no_tiles'])}")
     if m.extra.get("skipped"):

@@ -3,7 +3,9 @@
 Writes sample photographs (scikit-image's, when installed) and synthetic
 13-band uint16 rasters, turns both into shard datasets with preprocess_tiles,
 verifies them, and reads batches through ``torch.utils.data.DataLoader`` over
-``ShardDataset`` and through ``ShardLoader``, checking both give the same data.
+``ShardDataset`` and through ``ShardLoader``, checking both give the same data. Then a
+segmentation job (``_demo_segmentation``): the photographs as georeferenced scenes with masks,
+tiled together, a few training steps, predictions stitched back into whole scenes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from PIL import Image
 from .. import ShardDataset, ShardLoader
 from ..conversion.preprocess import main as preprocess_main
 from ..format._verify import find_problems
+from ._demo_segmentation import run as run_segmentation
 
 
 def write_sample_images(root: Path) -> tuple[Path, Path]:
@@ -99,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     print(f"raster tiles: one shuffled epoch of {samples} samples of 13x64x64 uint16 in {elapsed:.3f} s "
           f"({samples / elapsed:,.0f} samples/s)")
-    return 0 if same else 1
+    segmented = run_segmentation(photos, out)
+    return 0 if same and segmented else 1
 
 
 if __name__ == "__main__":

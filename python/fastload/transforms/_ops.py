@@ -157,7 +157,25 @@ class SpatialTransform(Transform):
             elif s.chw[1:] != first[1]:
                 raise self.fail(n, f"height x width {s.chw[1:]} differs from {first[0]!r}'s {first[1]}; "
                                 "a geometric op draws one set of parameters for all its fields")
+        self.check_per_field(names)
         return names
+
+    def check_per_field(self, names: Sequence[str]) -> None:
+        """Raise TransformError if a per-field dict parameter names a field this op does not apply to.
+
+        A key the op never looks up (a typo, a field of another dataset) would leave
+        that field at the default (pad 0, bilinear) without a word: refused instead.
+        """
+        for what, value in self.per_field().items():
+            if isinstance(value, Mapping):
+                unknown = sorted(str(k) for k in value if k not in names)
+                if unknown:
+                    raise TransformError(f"{self!r}: {what} names field(s) {unknown} that the op does not apply "
+                                         f"to (it applies to {list(names)}); pass fields=[...] or fix the names")
+
+    def per_field(self) -> dict[str, Any]:
+        """Return the parameters that may be a dict per field name (``pad_value``, ``interpolation``)."""
+        return {}
 
     def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
         """Return the output (height, width) for an input of (h, w); raise TransformError if it cannot apply."""
@@ -203,6 +221,10 @@ class Pad(SpatialTransform):
         v = self.pad_value_
         return float(v.get(field, 0) if isinstance(v, Mapping) else v)
 
+    def per_field(self) -> dict[str, Any]:
+        """Return ``pad_value``, which may be a dict per field."""
+        return {"pad_value": self.pad_value_}
+
     def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
         """Return the padded size."""
         left, top, right, bottom = self.padding
@@ -245,6 +267,7 @@ class RandomCrop(SpatialTransform):
         self.pad_value_ = _pad_values(pad_value, "RandomCrop: pad_value")
 
     pad_value = Pad.pad_value
+    per_field = Pad.per_field
 
     def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
         """Return ``size``; fail when it exceeds the padded input."""
@@ -526,13 +549,30 @@ class ResampleTransform(SpatialTransform):
         self.interpolation = interpolation
 
     def mode(self, state: FieldState) -> str:
-        """Return the interpolation of ``state``'s field; fail when bilinear cannot take its dtype."""
+        """Return the interpolation of ``state``'s field; fail when bilinear cannot take its dtype.
+
+        A 2-D field (a mask) or a target (a dataset's ``target_fields``) is bilinear only when a
+        dict names it: one ``"bilinear"`` for every field would otherwise blend its labels into
+        values no class has, so it is refused.
+        """
+        named = isinstance(self.interpolation, Mapping)
         chosen = self.interpolation.get(state.name) if isinstance(self.interpolation, Mapping) else self.interpolation
-        mode = chosen or ("bilinear" if len(state.shape) == 3 else "nearest")
+        if chosen == "bilinear" and not named and (len(state.shape) == 2 or state.target):
+            what = "2-D field (a mask" if len(state.shape) == 2 else "target field (written by --targets"
+            raise self.fail(state.name, f"interpolation='bilinear' for every field would interpolate this {what}: "
+                                        "its labels would blend); pass a dict, e.g. {'image': 'bilinear'} "
+                                        "(masks and targets default to nearest), or name this field in it to "
+                                        "interpolate it")
+        mode = chosen or ("bilinear" if len(state.shape) == 3 and not state.target else "nearest")
         if mode == "bilinear" and state.dtype not in BILINEAR_DTYPES:
             raise self.fail(state.name, f"bilinear interpolation does not take dtype {state.dtype} "
-                                        f"(one of {BILINEAR_DTYPES}); use interpolation='nearest' for it")
+                                        f"(one of {BILINEAR_DTYPES}); use interpolation={{{state.name!r}: 'nearest'}} "
+                                        "for it")
         return mode
+
+    def per_field(self) -> dict[str, Any]:
+        """Return ``interpolation``, which may be a dict per field."""
+        return {"interpolation": self.interpolation}
 
     def out_size(self, h: int, w: int, field: str) -> tuple[int, int]:
         """Return ``size``."""

@@ -56,21 +56,23 @@ class Program:
 
     ``fields`` are (name, dtype, shape) of what the loader decodes; ``layout``
     ("chw" or "hwc", or a dict per field name) says where a 3-D field keeps
-    its channels; 2-D fields are single-channel images or masks. ``max_sample_bytes``
+    its channels; 2-D fields are single-channel images or masks; ``targets`` names fields that
+    are labels or per-pixel targets (resampled nearest by default, whatever their rank). ``max_sample_bytes``
     (the readers' bound on one decoded sample) bounds every field's bytes at every
     point of the chain, so an op that would grow a sample past it is refused here,
     the same for both backends.
     """
 
     def __init__(self, ops: Sequence[Transform], fields: Sequence[tuple[str, str, tuple[int, ...]]],
-                 layout: str | Mapping[str, str] = "chw", max_sample_bytes: int | None = None) -> None:
+                 layout: str | Mapping[str, str] = "chw", max_sample_bytes: int | None = None,
+                 targets: Sequence[str] = ()) -> None:
         self.ops = list(ops)
         state: dict[str, FieldState] = {}
         for name, dtype, shape in fields:
             lay = layout.get(name, "chw") if isinstance(layout, Mapping) else layout
             if lay not in LAYOUTS:
                 raise TransformError(f"layout of field {name!r} must be 'chw' or 'hwc', not {lay!r}")
-            state[name] = FieldState(name, dtype, tuple(shape), "hw" if len(shape) == 2 else lay)
+            state[name] = FieldState(name, dtype, tuple(shape), "hw" if len(shape) == 2 else lay, name in targets)
         self.inputs = dict(state)
         self.steps: list[Step] = []
         # Ops with per-sample parameters: position, op, column offset, input height and width.

@@ -43,6 +43,7 @@ class FieldState:
     dtype: str
     shape: tuple[int, ...]
     layout: str
+    target: bool = False  # a label or per-pixel target (a dataset's ``target_fields``): never interpolated by default
 
     @property
     def spatial(self) -> bool:
@@ -66,7 +67,7 @@ class FieldState:
             shape = (h, w, c)
         else:
             shape = (c, h, w)
-        return FieldState(self.name, dtype or self.dtype, shape, self.layout)
+        return FieldState(self.name, dtype or self.dtype, shape, self.layout, self.target)
 
     @property
     def nbytes(self) -> int:
