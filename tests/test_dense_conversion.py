@@ -191,7 +191,8 @@ def test_a_pairs_csv_pairs_files_of_other_names(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--tile-size", "48", "--field-codec", "masks=jpeg"], "jpeg is lossy"),
     (["--tile-size", "48", "--edge", "pad"], "--edge pad pads targets too"),
-    (["--tile-size", "48", "--min-labelled", "0"], "--min-labelled must be a fraction"),
+    (["--tile-size", "48", "--ignore-index", "255", "--min-labelled", "0"], "--min-labelled must be a fraction"),
+    (["--tile-size", "48", "--min-labelled", "0.5"], "--min-labelled counts the pixels that are not --ignore-index"),
     (["--tile-size", "48", "--num-classes", "dem=3"], "'dem' is not a --targets field"),
     (["--tile-size", "48", "--num-classes", "0"], "K must be 1 to"),
     (["--tile-size", "48", "--ignore-index", "300"], "not a value of target 'masks'"),
@@ -302,3 +303,37 @@ def test_verify_checks_the_scenes_and_every_window(tmp_path):
     manifest["scenes"][0]["height"] = -1
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert any("scenes[0].height: -1 is out of range" in p for p in find_problems(out))
+
+
+def test_one_bit_png_masks_are_classes_0_and_1_not_255(tmp_path):
+    (tmp_path / "scenes").mkdir()
+    (tmp_path / "labels").mkdir()
+    tifffile.imwrite(tmp_path / "scenes" / "a.tif", np.zeros((16, 16, 3), np.uint8))
+    mask = np.zeros((16, 16), bool)
+    mask[:, 8:] = True
+    Image.fromarray(mask).convert("1").save(tmp_path / "labels" / "a.png")
+    with Image.open(tmp_path / "labels" / "a.png") as saved:
+        assert saved.mode == "1"
+    assert main(["--data-dir", str(tmp_path / "scenes"), "--targets", f"masks={tmp_path / 'labels'}",
+                 "--output-dir", str(tmp_path / "out"), "--tile-size", "8", "--edge", "pad", "--ignore-index", "255",
+                 "--num-classes", "2"]) == 0
+    ds = fastload.ShardDataset(tmp_path / "out", fields=["masks", "window", "masks_class_pixels"])
+    for i in range(len(ds)):
+        s = ds[i]
+        x = int(s["window"][1])
+        assert (s["masks"].numpy() == (1 if x >= 8 else 0)).all()
+        assert s["masks_class_pixels"].tolist() == ([0, 64] if x >= 8 else [64, 0])
+
+
+def test_a_geotiff_with_utf8_gdal_metadata_converts_and_its_nodata_is_not_copied(tmp_path):
+    (tmp_path / "scenes").mkdir()
+    tags = [(33550, "d", 3, (10.0, 10.0, 0.0), True), (33922, "d", 6, (0, 0, 0, 5e5, 4.6e6, 0), True),
+            (42112, "B", 0, '<GDALMetadata><Item name="UNIT">Température °C</Item></GDALMetadata>'.encode(), True),
+            (42113, "s", 0, "0", True)]
+    tifffile.imwrite(tmp_path / "scenes" / "a.tif", np.ones((32, 32), np.uint8), extratags=tags)
+    assert main(["--data-dir", str(tmp_path / "scenes"), "--output-dir", str(tmp_path / "out"),
+                 "--tile-size", "16"]) == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    georef = manifest["scenes"][0]["georef"]
+    assert georef["transform"] == [10.0, 0.0, 5e5, 0.0, -10.0, 4.6e6]
+    assert {t[0] for t in georef["tiff_tags"]} == {33550, 33922}  # GDAL's metadata and nodata are the source's

@@ -348,15 +348,16 @@ def test_mosaic_stitches_a_dataset_in_a_bucket_as_the_local_copy(s3, dense_data,
                              **extra) as mosaic:
             for batch in loader:
                 mosaic.add(batch, batch["image"])
-        stitched[where] = {p.name: tifffile.imread(p) for p in sorted((tmp_path / where).glob("*.tif"))}
-    assert list(stitched["remote"]) == list(stitched["local"]) == ["d.tif"]  # sub/d: the val scene
-    np.testing.assert_array_equal(stitched["remote"]["d.tif"], stitched["local"]["d.tif"])
+        stitched[where] = {p.relative_to(tmp_path / where).as_posix(): tifffile.imread(p)
+                           for p in sorted((tmp_path / where).rglob("*.tif"))}
+    assert list(stitched["remote"]) == list(stitched["local"]) == ["sub/d.tif"]  # the val scene, in its folder
+    np.testing.assert_array_equal(stitched["remote"]["sub/d.tif"], stitched["local"]["sub/d.tif"])
     scene = tifffile.imread(dense_data / "scenes" / "sub" / "d.tif").transpose(2, 0, 1)
     covered = np.zeros(scene.shape[1:], bool)
     val = fastload.ShardDataset(local / "val", fields=["window"])
     for i in range(len(val)):
         y, x, h, w = val[i]["window"].tolist()
         covered[y:y + h, x:x + w] = True
-    out = stitched["local"]["d.tif"]
+    out = stitched["local"]["sub/d.tif"]
     np.testing.assert_array_equal(out[:, covered], scene[:, covered])
     assert (out[:, ~covered] == 7).all()  # fill: under tiles --min-labelled dropped, if any

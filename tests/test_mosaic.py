@@ -46,7 +46,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[np.ndarra
     images, index, windows = _tile(scenes)
     path = tmp_path_factory.mktemp("mosaic") / "tiles"
     fastload.write_arrays(path, {"image": images, "scene": index, "window": windows},
-                          scenes=[{"path": f"sub/s{i}.tif", "height": h, "width": w} for i, (h, w) in enumerate(SIZES)])
+                          scenes=[{"path": f"s{i}.tif", "height": h, "width": w} for i, (h, w) in enumerate(SIZES)])
     return path, scenes
 
 
@@ -275,7 +275,7 @@ def test_wrong_channels_batch_or_tile_size_is_refused(data, tmp_path):
             mosaic.add(batch, torch.zeros(2, C + 1, T, T, dtype=torch.uint8))
         with pytest.raises(ArgumentError, match="3 predictions for a batch of 2 scene indices and 2 windows"):
             mosaic.add(batch, torch.zeros(3, C, T, T, dtype=torch.uint8))
-        with pytest.raises(ArgumentError, match=r"sub/s0.tif window \(0, 0, 64, 64\): predictions of 63 x 64"):
+        with pytest.raises(ArgumentError, match=r"s0.tif window \(0, 0, 64, 64\): predictions of 63 x 64"):
             mosaic.add(batch, torch.zeros(2, C, T - 1, T, dtype=torch.uint8))
         with pytest.raises(ArgumentError, match="'scene' and 'window'"):
             mosaic.add({"image": batch["image"]}, batch["image"])
@@ -289,7 +289,7 @@ def test_windows_and_scene_indices_outside_are_refused(data, tmp_path):
         bad = dict(batch, window=batch["window"].clone())
         bad["window"][1] = torch.tensor([140, 0, 64, 64])
         with pytest.raises(ArgumentError, match=r"sample 1: window .* = \(140, 0, 64, 64\) is not inside scene 0 "
-                                                r"\(sub/s0.tif, 150 x 170\)"):
+                                                r"\(s0.tif, 150 x 170\)"):
             mosaic.add(bad, batch["image"])
         bad = dict(batch, scene=torch.tensor([0, 9]))
         with pytest.raises(ArgumentError, match="sample 1: scene 9 is out of range for 4 scenes"):
@@ -321,8 +321,8 @@ def test_incomplete_scenes_are_listed_at_close(data, tmp_path):
     mosaic = fastload.Mosaic(path, tmp_path, channels=C, format="npy")
     batch = _batch(path, [0, 1, 2])
     mosaic.add(batch, batch["image"])
-    with pytest.raises(FastloadError, match=r"4 scene\(s\) incomplete(.|\n)*sub/s0.tif \(scene 0\): 9 of 12 tiles "
-                                            r"missing(.|\n)*sub/s3.tif \(scene 3\): 1 of 1 tiles"):
+    with pytest.raises(FastloadError, match=r"4 scene\(s\) incomplete(.|\n)*s0.tif \(scene 0\): 9 of 12 tiles "
+                                            r"missing(.|\n)*s3.tif \(scene 3\): 1 of 1 tiles"):
         mosaic.close()
     assert list(tmp_path.iterdir()) == []
 
@@ -379,13 +379,26 @@ def test_a_nan_in_the_manifest_is_refused(tmp_path):
         fastload.Mosaic(path, tmp_path / "out", channels=1)
 
 
-def test_two_scenes_of_one_name_are_refused(tmp_path):
+@pytest.mark.parametrize("second", ["a/x.png", "A/X.tif"])
+def test_two_scenes_of_one_name_are_refused(tmp_path, second):
+    """One output name (the suffix dropped; letter case, which Windows and macOS ignore) for two scenes."""
     path = tmp_path / "ds"
     fastload.write_arrays(path, {"image": np.zeros((2, 1, 8, 8), np.uint8), "scene": np.array([0, 1]),
                                  "window": np.array([[0, 0, 8, 8]] * 2)},
-                          scenes=[{"path": "a/x.tif", "height": 8, "width": 8}, {"path": "b/x.tif", "height": 8,
+                          scenes=[{"path": "a/x.tif", "height": 8, "width": 8}, {"path": second, "height": 8,
                                                                                  "width": 8}])
-    with pytest.raises(ArgumentError, match=r"scenes 0 \(a/x.tif\) and 1 \(b/x.tif\) would both be written as 'x'"):
+    with pytest.raises(ArgumentError, match=rf"scenes 0 \(a/x.tif\) and 1 \({second}\) would both be written as"):
+        fastload.Mosaic(path, tmp_path / "out", channels=1)
+
+
+@pytest.mark.parametrize("name", ["../x.tif", "/abs/x.tif", "a/../x.tif", "c:x.tif", "a\\..\\x.tif", "a\nb.tif",
+                                  "x" * 201 + ".tif"])
+def test_scene_paths_that_could_leave_the_output_folder_are_refused(tmp_path, name):
+    path = tmp_path / "ds"
+    fastload.write_arrays(path, {"image": np.zeros((1, 1, 8, 8), np.uint8), "scene": np.array([0]),
+                                 "window": np.array([[0, 0, 8, 8]])},
+                          scenes=[{"path": name, "height": 8, "width": 8}])
+    with pytest.raises(DatasetError, match="no usable output name"):
         fastload.Mosaic(path, tmp_path / "out", channels=1)
 
 
@@ -446,7 +459,7 @@ def test_torch_distributed_ranks_merge_at_close(data, tmp_path):
                                    tifffile.imread(tmp_path / "one" / f"s{i}.tif"), rtol=1e-6)
 
 
-def test_pixels_no_tile_covers_are_nan_or_fill_never_a_silent_zero(tmp_path):
+def test_pixels_no_tile_covers_are_an_error_or_fill_never_a_silent_zero(tmp_path):
     """A dataset converted with --min-labelled lacks tiles over unlabelled areas: those pixels are no class 0."""
     import numpy as np
     import tifffile
@@ -468,7 +481,11 @@ def test_pixels_no_tile_covers_are_nan_or_fill_never_a_silent_zero(tmp_path):
                                             "window": np.array(windows, np.int64)},
                           scenes=[{"path": "a.tif", "height": 64, "width": 96}])
     batch = {"scene": np.zeros(2, np.int64), "window": np.array(windows, np.int64)}
-    with fastload.Mosaic(tmp_path / "ds", tmp_path / "f", channels=3, blend="average") as mosaic:
+    with pytest.raises(fastload.FastloadError, match="4096 of 6144 pixel.* no tile covers.*--edge pad"):
+        with fastload.Mosaic(tmp_path / "ds", tmp_path / "f", channels=3, blend="average") as mosaic:
+            mosaic.add(batch, np.stack(tiles).astype(np.float32))
+    assert not (tmp_path / "f" / "a.tif").exists()
+    with fastload.Mosaic(tmp_path / "ds", tmp_path / "f", channels=3, blend="average", fill=float("nan")) as mosaic:
         mosaic.add(batch, np.stack(tiles).astype(np.float32))
     out = tifffile.imread(tmp_path / "f" / "a.tif")
     assert np.isnan(out[:, :, 32:64]).all() and np.isnan(out[:, 32:, :]).all()
@@ -481,4 +498,24 @@ def test_pixels_no_tile_covers_are_nan_or_fill_never_a_silent_zero(tmp_path):
     out = tifffile.imread(tmp_path / "c" / "a.tif")
     assert (out[:, :, 32:64] == 255).all() and (out[:, :32, 64:] == image[:, :32, 64:]).all()
     with pytest.raises(fastload.FastloadError, match="fill"):
-        fastload.Mosaic(tmp_path / "ds", tmp_path / "x", channels=3, blend="clip", fill=float("nan"))
+        fastload.Mosaic(tmp_path / "ds", tmp_path / "x", channels=3, blend="clip", dtype="uint8", fill=float("nan"))
+    with pytest.raises(fastload.FastloadError, match="fill"):
+        fastload.Mosaic(tmp_path / "ds", tmp_path / "x", channels=3, blend="average", fill=float("inf"))
+
+
+def test_one_channel_tifs_and_scenes_of_one_name_in_two_folders(tmp_path):
+    """A class map (C=1) writes as a plain (1, H, W) TIFF; outputs keep the sources' sub-folders (a/x, b/x)."""
+    import numpy as np
+    import tifffile
+
+    import fastload
+
+    tiles = np.arange(2 * 1 * 8 * 8, dtype=np.uint8).reshape(2, 1, 8, 8)
+    windows = np.array([[0, 0, 8, 8], [0, 0, 8, 8]], np.int64)
+    fastload.write_arrays(tmp_path / "ds", {"image": tiles, "scene": np.array([0, 1], np.int64), "window": windows},
+                          scenes=[{"path": "a/x.tif", "height": 8, "width": 8}, {"path": "b/x.tif", "height": 8,
+                                                                                  "width": 8}])
+    with fastload.Mosaic(tmp_path / "ds", tmp_path / "out", channels=1) as mosaic:
+        mosaic.add({"scene": np.array([0, 1]), "window": windows}, tiles)
+    np.testing.assert_array_equal(tifffile.imread(tmp_path / "out" / "a" / "x.tif").reshape(1, 8, 8), tiles[0])
+    np.testing.assert_array_equal(tifffile.imread(tmp_path / "out" / "b" / "x.tif").reshape(1, 8, 8), tiles[1])

@@ -41,6 +41,9 @@ def check_dense_options(args: argparse.Namespace) -> None:
     if (inputs or targets) and getattr(args, "h5_dataset", None):
         raise UsageError("--inputs/--targets pair raster files; --h5-dataset reads stacks of samples: drop one")
     fraction = getattr(args, "min_labelled", None)
+    if fraction is not None and getattr(args, "ignore_index", None) is None:
+        raise UsageError("--min-labelled counts the pixels that are not --ignore-index: pass --ignore-index VALUE "
+                         "(the value of unlabelled pixels in the targets)")
     if fraction is not None and not 0.0 < fraction <= 1.0:
         raise UsageError(f"--min-labelled must be a fraction in (0, 1], not {fraction}")
     if targets and (args.edge or "drop") == "pad" and getattr(args, "ignore_index", None) is None:

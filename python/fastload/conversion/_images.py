@@ -72,7 +72,7 @@ def probe_image(path: str | os.PathLike, npy_layout: str = "auto", mode: str = "
                 series = tif.series[0]
                 shape = _tiff_hwc_shape(series.shape, series.axes)
                 _check_tiff_extent(path, tif)
-                return ImageInfo(*shape, dtype=np.dtype(series.dtype).name, georef=read_georef(tif))
+                return ImageInfo(*shape, dtype=np.dtype(series.dtype).name, georef=_georef_or_none(tif))
         if kind == "hdf5":
             from ._hdf5 import probe_raster
 
@@ -88,6 +88,14 @@ def probe_image(path: str | os.PathLike, npy_layout: str = "auto", mode: str = "
         raise ImageReadError(path, f"unreadable image ({type(err).__name__}: {err})") from None
 
 
+def _georef_or_none(tif: tifffile.TiffFile) -> dict | None:
+    """Return a TIFF's georeferencing, or None when its tags cannot be read (the pixels still can)."""
+    try:
+        return read_georef(tif)
+    except Exception:  # a malformed GeoKeyDirectory or OME-XML loses the georeferencing, not the scene
+        return None
+
+
 def read_image(path: str | os.PathLike, npy_layout: str = "auto", mode: str = "keep") -> np.ndarray:
     """Read a whole image as a C-contiguous (height, width, channels) array; raise ImageReadError."""
     try:
@@ -97,7 +105,10 @@ def read_image(path: str | os.PathLike, npy_layout: str = "auto", mode: str = "k
             with Image.open(path) as img:
                 img.load()
                 target = _pillow_target_mode(img, mode, path)
-                arr = np.asarray(img.convert(target) if target != img.mode else img)
+                if mode == "labels" and img.mode == "1":  # a 1-bit mask: classes 0 and 1 (convert("L") gives 255)
+                    arr = np.asarray(img).astype(np.uint8)
+                else:
+                    arr = np.asarray(img.convert(target) if target != img.mode else img)
         elif kind == "tiff":
             with tifffile.TiffFile(path) as tif:
                 series = tif.series[0]

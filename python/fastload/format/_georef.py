@@ -22,13 +22,17 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ImageReadError
+from ..errors import FastloadWarning, ImageReadError
 
 # code -> (name, tifffile extratags dtype): the tags copied verbatim; each has one dtype here.
+# GDAL's metadata (band scales, offsets, statistics) and nodata value describe the source's pixels, not
+# a prediction's: never copied (a nodata of 0 would hide class 0), nor read (their text may be UTF-8).
+NOT_COPIED = (42112, 42113)
 GEO_TAGS: dict[int, tuple[str, str]] = {
     33550: ("ModelPixelScale", "d"),
     33922: ("ModelTiepoint", "d"),
@@ -96,7 +100,7 @@ def _read(tif: Any) -> dict[str, Any]:
     rows = []
     for code, (tag_name, dtype) in GEO_TAGS.items():
         tag = tags.get(code)
-        if tag is None:
+        if tag is None or code in NOT_COPIED:
             continue
         value = _tag_value(tag.value, dtype, tag_name)
         raw[code] = value
@@ -225,10 +229,20 @@ def georef_extratags(georef: Mapping[str, Any] | None) -> list[tuple[int, str, i
         return []
     tags: list[tuple[int, str, int, Any, bool]] = []
     for code, dtype, count, value in georef.get("tiff_tags", []):
+        if code in NOT_COPIED:
+            continue
         if dtype == "s":
             tags.append((int(code), "s", 0, str(value), True))  # tifffile counts a string itself
         else:
             tags.append((int(code), dtype, int(count), tuple(value), True))
+    placed = {t[0] for t in tags} & {33550, 33922, 34264}
+    transform = georef.get("transform")
+    if transform is not None and not placed:  # a georef given as an affine only (write_arrays(scenes=...))
+        a, b, c, d, e, f = (float(v) for v in transform)
+        tags.append((34264, "d", 16, (a, b, 0.0, c, d, e, 0.0, f, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0), True))
+    if georef.get("crs") and not any(t[0] == 34735 for t in tags):
+        warnings.warn(f"the CRS {georef['crs']} is not written (no GeoKeyDirectory was recorded with it; read "
+                      "the scenes' georeferencing from GeoTIFFs to copy theirs)", FastloadWarning, stacklevel=3)
     return tags
 
 

@@ -162,9 +162,25 @@ def scenes_of(manifest: Any, directory: str | os.PathLike[str]) -> list[Scene] |
     return scenes
 
 
+MAX_NAME_BYTES = 200  # one component of an output name (file systems allow 255, less a temporary's suffix)
+
+
 def scene_stem(scene: Scene) -> str:
-    """Return the file stem an output for ``scene`` is named by (its path's last part without the suffix)."""
-    return Path(scene.path.replace("\\", "/")).stem
+    """Return the name an output for ``scene`` takes under an output folder: its path without the suffix.
+
+    ``sub/a.tif`` gives ``sub/a`` (outputs mirror the sources' folders, so scenes of one name in two
+    folders stay apart). Raises ValueError for a path that could leave the folder or no file system
+    takes: absolute, a drive, ``.`` or ``..`` parts, control characters, a part over 200 bytes.
+    """
+    parts = scene.path.replace("\\", "/").split("/")
+    if parts and "." in parts[-1]:
+        parts[-1] = parts[-1].rsplit(".", 1)[0]
+    for part in parts:
+        if part in ("", ".", "..") or part.startswith(".") or ":" in part or not part.isprintable():
+            raise ValueError(f"{scene.path!r} is no relative path of plain names (an output is named by it)")
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            raise ValueError(f"{scene.path!r} has a part over {MAX_NAME_BYTES} bytes")
+    return "/".join(parts)
 
 
 def scene_items(items: Any, where: str, error: type[FastloadError]) -> list[dict[str, Any]]:

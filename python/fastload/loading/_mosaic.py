@@ -3,8 +3,8 @@
 A dataset cut from scenes (``preprocess_tiles --tile-size``, ``write_arrays(..., scenes=...)``) records
 each scene in its manifest and, in each sample, the ``scene`` it came from and the ``window``
 ``(y, x, height, width)`` it covers. Run a model over the tiles and hand each batch with its predictions to
-``Mosaic.add``; a scene is written as ``OUT/<stem>.tif`` (or ``.npy``) as soon as all its tiles have
-arrived, and freed, so memory follows the scenes in flight, not the dataset::
+``Mosaic.add``; a scene is written as ``OUT/<its path without suffix>.tif`` (or ``.npy``) as soon as all its
+tiles have arrived, and freed, so memory follows the scenes in flight, not the dataset::
 
     loader = fastload.ShardLoader("tiles/", batch_size=32, shuffle=False)
     with fastload.Mosaic("tiles/", "predicted/", channels=5, blend="gaussian") as mosaic:
@@ -62,7 +62,7 @@ class Mosaic:
 
     ``path``: the dataset the tiles come from (a directory; ``split=`` for a root with splits; a URL of
     object storage with ``storage_options`` as ``ShardDataset``: only its manifest is read). ``out_dir``:
-    where ``<stem of the scene's path>.tif`` (planar ``(C, H, W)``, the scene's GeoTIFF tags and OME pixel
+    where ``<the scene's path without its suffix>.tif`` (planar ``(C, H, W)``, the scene's GeoTIFF tags and OME pixel
     size copied) or ``.npy`` go; an existing file of that name is replaced. ``channels``: C, checked on
     every batch. ``blend``: ``"clip"``, ``"average"`` or ``"gaussian"`` (``_mosaic_accum.py``). ``dtype``:
     the output's (default: the predictions' for clip, which must cast to it safely; float32 for the blends,
@@ -76,8 +76,9 @@ class Mosaic:
 
     ``rank``, ``world_size``: default from ``torch.distributed`` when initialised. With several ranks a
     scene a rank saw whole is written by it; the rest are merged at ``close`` (see the module docstring).
-    ``fill``: the value of pixels no tile covers (a dataset converted with ``--min-labelled``
-    lacks tiles over unlabelled areas); by default NaN, and an error for an integer output.
+    ``fill``: the value of pixels no tile covers (edges past the last whole tile of a dataset cut
+    with ``--edge drop``; tiles ``--min-labelled`` dropped), NaN allowed for a float output; without
+    it such pixels are an error (convert the scenes to predict over with ``--edge pad``).
 
     Use it as a context manager: a normal exit closes it (FastloadError listing the scenes that lack tiles,
     with how many); an exception leaves no unfinished scene behind. ``written`` lists the files this
@@ -190,12 +191,12 @@ class Mosaic:
                                 f"the manifest says {scene.tiles} (predictions of another dataset?)")
         if len(acc.tiles) == scene.tiles:
             del self._live[index]
-            while len(self._writes) >= WRITES_IN_FLIGHT:
-                self.written.append(self._writes.popleft().result())
             self._writes.append(self._writer.submit(_finish_scene, acc, self.dtype, self.fill,
                                                     f"{scene.path} (scene {index})", self.out_dir, self.stems[index],
                                                     self.format, scene.georef))
             self._done.add(index)
+            while len(self._writes) > WRITES_IN_FLIGHT:  # bounded memory; an earlier scene's error surfaces here
+                self.written.append(self._writes.popleft().result())
 
     def _scene(self, index: int) -> SceneAccumulator:
         """Return scene ``index``'s accumulator: in memory, read back from its part, or new (spilling another)."""
@@ -234,20 +235,33 @@ class Mosaic:
         if self._closed:
             return
         self._closed = True
+        failure: BaseException | None = None
         try:
             self.flush()
+        except Exception as err:  # a scene that could not be written; the rest is still closed in order
+            failure = err if isinstance(err, FastloadError) else FastloadError(
+                f"Mosaic({self.out_dir}): writing a scene failed: {type(err).__name__}: {err}")
         finally:
             self._stop_writer()
         if self.world_size == 1:
             missing = self._missing()
             self._live.clear()
             remove_parts(self.out_dir, self.rank)
+            if failure is not None and missing:
+                raise FastloadError(f"{failure}; and " + _incomplete(self.out_dir, missing)) from failure
+            if failure is not None:
+                raise failure
             if missing:
                 raise FastloadError(_incomplete(self.out_dir, missing))
             return
-        self._save_parts()
+        try:  # several ranks: reach the barriers whatever happened here, so that no rank waits for this one
+            self._save_parts()
+        except Exception as err:
+            failure = failure or err
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             self._merge_distributed()
+        if failure is not None:
+            raise failure
 
     def abort(self) -> None:
         """Drop every unfinished scene and this rank's parts; write nothing more (what an exception exit does)."""
@@ -286,7 +300,8 @@ class Mosaic:
 
     def _settings(self) -> dict[str, Any]:
         return {"version": 1, "rank": self.rank, "world_size": self.world_size, "blend": self.blend,
-                "channels": self.channels, "format": self.format, "fill": self.fill,
+                "channels": self.channels, "format": self.format,
+                "fill": None if self.fill is None else ("nan" if np.isnan(self.fill) else self.fill),
                 "dtype": None if self.dtype is None else self.dtype.str, "dataset": self._fingerprint,
                 "tile": list(self.tile) if self.tile else None, "done": sorted(self._done)}
 
@@ -309,6 +324,10 @@ class Mosaic:
                 error = FastloadError(_incomplete(self.out_dir, missing))
         except FastloadError as err:
             error = err
+        except Exception as err:  # untyped (a disk full): still reach the barrier, then raise it typed
+            error = FastloadError(f"Mosaic({self.out_dir}): merging rank {self.rank}'s scenes failed: "
+                                  f"{type(err).__name__}: {err}")
+        self._parts.mkdir(parents=True, exist_ok=True)
         (self._parts / ("merged" if error is None else "failed")).touch()
         dist.barrier()
         if self.rank == 0 and all((rank_dir(self.out_dir, r) / "merged").exists() for r in range(self.world_size)):
@@ -365,13 +384,13 @@ def _finish_scene(acc: SceneAccumulator, dtype: np.dtype | None, fill: float | N
 
 
 def _fill(fill: Any, dtype: np.dtype | None) -> float | None:
-    """Return ``fill`` checked: a finite number that the output dtype holds exactly (None: NaN, floats only)."""
+    """Return ``fill`` checked: a number the output dtype holds exactly (NaN: floats only), or None."""
     if fill is None:
         return None
-    if isinstance(fill, bool) or not isinstance(fill, (int, float, np.integer, np.floating)) or not np.isfinite(fill):
-        raise ArgumentError(f"fill must be a finite number (None: NaN in a float output), not {fill!r}")
-    if dtype is not None and dtype.kind in "iu" and (float(fill) != int(fill) or not
-                                                      np.iinfo(dtype).min <= int(fill) <= np.iinfo(dtype).max):
+    if isinstance(fill, bool) or not isinstance(fill, (int, float, np.integer, np.floating)) or np.isinf(fill):
+        raise ArgumentError(f"fill must be a number (or float('nan') for a float output), not {fill!r}")
+    if dtype is not None and dtype.kind in "iu" and (np.isnan(fill) or float(fill) != int(fill) or not
+                                                     np.iinfo(dtype).min <= int(fill) <= np.iinfo(dtype).max):
         raise ArgumentError(f"fill {fill!r} is not a value of the output dtype {dtype}")
     return float(fill)
 
@@ -416,13 +435,15 @@ def _scenes(manifest: Manifest, where: str) -> tuple[list[Scene], list[str], tup
     stems: list[str] = []
     seen: dict[str, int] = {}
     for i, scene in enumerate(scenes):
-        stem = scene_stem(scene)
-        if stem in ("", ".", "..") or stem.startswith("."):
-            raise DatasetError(f"{where}: scene {i} ({scene.path}): no usable output name (stem {stem!r})")
-        if stem in seen:
-            raise ArgumentError(f"{where}: scenes {seen[stem]} ({scenes[seen[stem]].path}) and {i} ({scene.path}) "
+        try:
+            stem = scene_stem(scene)
+        except ValueError as err:
+            raise DatasetError(f"{where}: scene {i}: no usable output name: {err}") from None
+        key = stem.casefold()  # a.tif and A.tif are one file on Windows and macOS
+        if key in seen:
+            raise ArgumentError(f"{where}: scenes {seen[key]} ({scenes[seen[key]].path}) and {i} ({scene.path}) "
                                 f"would both be written as {stem!r}")
-        seen[stem] = i
+        seen[key] = i
         stems.append(stem)
     return scenes, stems, _tile_size(manifest)
 
@@ -433,7 +454,10 @@ def _tile_size(manifest: Manifest) -> tuple[int, int] | None:
         return None
     if len(field.shape) == 2:
         return field.shape[0], field.shape[1]
-    layout = field.codec_options.get("layout") or guess_layout(field.shape) or "chw"
+    options = manifest.provenance.get("options") if isinstance(manifest.provenance, dict) else None
+    recorded = options.get("layout") if isinstance(options, dict) else None  # preprocess_tiles --layout
+    layout = field.codec_options.get("layout") or (recorded if recorded in ("chw", "hwc") else None) \
+        or guess_layout(field.shape) or "chw"
     return (field.shape[1], field.shape[2]) if layout == "chw" else (field.shape[0], field.shape[1])
 
 

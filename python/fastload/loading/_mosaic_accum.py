@@ -214,10 +214,10 @@ class SceneAccumulator:
     def result(self, dtype: np.dtype | None, fill: float | None = None, where: str = "") -> np.ndarray:
         """Return the stitched ``(C, H, W)`` scene (frees the accumulators); ``dtype`` casts it.
 
-        Pixels no tile covered (a dataset converted with ``--min-labelled`` has no tiles over
-        unlabelled areas) take ``fill``: by default NaN in a float output; an integer output with
-        such pixels and no ``fill`` is a FastloadError naming ``where`` (a 0 there would read as a
-        class).
+        Pixels no tile covered (edge pixels past the last whole tile of a dataset converted with
+        ``--edge drop``; tiles ``--min-labelled`` dropped) take ``fill`` (NaN allowed in a float
+        output); without ``fill`` they are a FastloadError naming ``where``: a value there would be
+        a guess.
         """
         if self.blend == "clip":
             out = self.value if self.value is not None else np.zeros((self.channels, self.height, self.width))
@@ -230,12 +230,15 @@ class SceneAccumulator:
         self.value = self.winner = self.best = self.num = self.weight = None
         out = out if dtype is None or out.dtype == dtype else out.astype(dtype)
         if not covered.all():
-            if fill is None and out.dtype.kind != "f":
-                raise FastloadError(f"{where}: {int(covered.size - covered.sum())} pixel(s) no tile covers (tiles "
-                                    f"dropped at conversion, e.g. by --min-labelled) in an {out.dtype} output: pass "
-                                    "Mosaic(..., fill=VALUE) for them")
+            if fill is None:
+                raise FastloadError(f"{where}: {int(covered.size - covered.sum())} of {covered.size} pixel(s) no "
+                                    "tile covers (a dataset cut with --edge drop leaves the edges past the last "
+                                    "whole tile out: convert scenes to predict over with --edge pad; "
+                                    "--min-labelled drops tiles): pass Mosaic(..., fill=VALUE) to write them as "
+                                    "VALUE (fill=float('nan') in a float output)")
             limits = np.iinfo(out.dtype) if out.dtype.kind in "iu" else None
-            if fill is not None and limits is not None and (fill != int(fill) or not limits.min <= fill <= limits.max):
+            if limits is not None and (not np.isfinite(fill) or fill != int(fill)
+                                       or not limits.min <= fill <= limits.max):
                 raise FastloadError(f"{where}: fill {fill!r} is not a value of the output dtype {out.dtype}")
-            out[:, ~covered] = np.nan if fill is None else fill
+            out[:, ~covered] = fill
         return out

@@ -44,7 +44,7 @@ def part_path(directory: Path, index: int) -> Path:
 
 def _atomic(path: Path, write: Any) -> None:
     """Call ``write(file)`` on a hidden temporary beside ``path``, flush it to disk and rename it to ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name[:200]}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -60,13 +60,16 @@ def _atomic(path: Path, write: Any) -> None:
 def write_scene(out_dir: Path, stem: str, array: np.ndarray, fmt: str, georef: Mapping[str, Any] | None) -> Path:
     """Write one finished ``(C, H, W)`` scene as ``OUT/<stem>.<fmt>``, atomically; return its path."""
     path = out_dir / f"{stem}.{fmt}"
+    path.parent.mkdir(parents=True, exist_ok=True)  # a scene in a sub-folder of the sources: the same here
     if fmt == "npy":
         _atomic(path, lambda f: np.save(f, array, allow_pickle=False))
         return path
     import tifffile
 
-    options: dict[str, Any] = {"photometric": "minisblack", "planarconfig": "separate",
-                               "extratags": georef_extratags(georef), "bigtiff": array.nbytes > _BIGTIFF_BYTES}
+    options: dict[str, Any] = {"photometric": "minisblack", "extratags": georef_extratags(georef),
+                               "bigtiff": array.nbytes > _BIGTIFF_BYTES}
+    if array.shape[0] > 1:  # one plane per channel; a single channel is a plain (1, H, W) page
+        options["planarconfig"] = "separate"
     size = (georef or {}).get("pixel_size")
     if size:
         options["ome"] = True

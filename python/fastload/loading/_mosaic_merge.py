@@ -96,9 +96,18 @@ def merge_ranks(job: MergeJob, only_rank: int | None = None) -> tuple[list[Path]
         if len(acc.tiles) > scene.tiles:
             raise FastloadError(f"{scene.path} (scene {i}): {len(acc.tiles)} different tiles, the manifest says "
                                 f"{scene.tiles}")
-        stitched = acc.result(dtype, settings.get("fill"), f"{scene.path} (scene {i})")
+        stitched = acc.result(dtype, _fill_of(settings.get("fill")), f"{scene.path} (scene {i})")
         written.append(write_scene(job.out_dir, job.stems[i], stitched, settings["format"], scene.georef))
     return written, missing
+
+
+def _fill_of(recorded: Any) -> float | None:
+    """Return the ``fill`` a rank recorded (``"nan"`` for NaN, which JSON cannot hold)."""
+    if recorded == "nan":
+        return float("nan")
+    if recorded is None or (isinstance(recorded, (int, float)) and not isinstance(recorded, bool)):
+        return recorded
+    raise FastloadError(f"a rank recorded fill {recorded!r}, not a number")
 
 
 def _check_part(path: Path, part: dict[str, np.ndarray], scene: Scene, acc: SceneAccumulator) -> None:
