@@ -337,3 +337,25 @@ def test_a_geotiff_with_utf8_gdal_metadata_converts_and_its_nodata_is_not_copied
     georef = manifest["scenes"][0]["georef"]
     assert georef["transform"] == [10.0, 0.0, 5e5, 0.0, -10.0, 4.6e6]
     assert {t[0] for t in georef["tiff_tags"]} == {33550, 33922}  # GDAL's metadata and nodata are the source's
+
+
+def test_a_mask_georeferenced_elsewhere_than_its_image_is_refused(tmp_path, capsys):
+    root = make_scenes(tmp_path, mask_suffix=".tif")
+    mask = tifffile.imread(root / "labels" / "s1.tif")
+    tifffile.imwrite(root / "labels" / "s1.tif", mask, extratags=[
+        (33550, "d", 3, (10.0, 10.0, 0.0), True), (33922, "d", 6, (0, 0, 0, 500001.0 + 20, 4600000.0, 0), True)])
+    assert convert(root, "--tile-size", "48") == 1
+    err = capsys.readouterr().err
+    assert "s1.tif is georeferenced elsewhere than its image s1.tif" in err and "500021.0" in err
+    tifffile.imwrite(root / "labels" / "s1.tif", mask, extratags=[
+        (33550, "d", 3, (10.0, 10.0, 0.0), True), (33922, "d", 6, (0, 0, 0, 500001.0, 4600000.0, 0), True)])
+    assert convert(root, "--tile-size", "48") == 0  # the same grid: paired
+
+
+def test_a_jpeg_mask_is_refused(tmp_path, capsys):
+    root = make_scenes(tmp_path)
+    mask = read_mask(root / "labels" / "s1.png")
+    (root / "labels" / "s1.png").unlink()
+    Image.fromarray(mask).save(root / "labels" / "s1.jpg")
+    assert convert(root, "--tile-size", "48") == 1
+    assert "s1.jpg is a JPEG: its lossy compression has changed label values" in capsys.readouterr().err

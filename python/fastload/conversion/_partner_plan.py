@@ -60,6 +60,12 @@ def probe_partners(partners: Sequence[Partner], sources: list[Source], image_inf
             if (info.height, info.width) != (image.height, image.width):
                 errors.append(f"{partner.name} {partner.where(rel)} is {info.height}x{info.width}, its image "
                               f"{src.relpath} {image.height}x{image.width}")
+            elif partner.role == "target" and rel.lower().endswith((".jpg", ".jpeg")):
+                errors.append(f"{partner.name} {partner.where(rel)} is a JPEG: its lossy compression has changed "
+                              "label values (save masks as PNG or TIFF)")
+            elif not same_place(image.georef, info.georef):
+                errors.append(f"{partner.name} {partner.where(rel)} is georeferenced elsewhere than its image "
+                              f"{src.relpath}: {_place(info.georef)} against {_place(image.georef)}")
             found.append(info)
         if errors:
             bad.append({"path": src.relpath, "error": "; ".join(errors)})
@@ -73,6 +79,29 @@ def probe_partners(partners: Sequence[Partner], sources: list[Source], image_inf
     for b in bad:
         print(f"skipping {b['path']}: {b['error']}", file=sys.stderr)
     return good, infos, bad
+
+
+def same_place(a: dict | None, b: dict | None) -> bool:
+    """Return whether two rasters' georeferencing agree (a raster without any agrees with everything).
+
+    Both with an affine transform: the same within 1e-9 of the pixel size; both with a CRS: the same.
+    A mask of the right size on another grid or in another CRS is misaligned, whatever its size says.
+    """
+    if not a or not b:
+        return True
+    ta, tb = a.get("transform"), b.get("transform")
+    if ta is not None and tb is not None:
+        scale = max(abs(v) for v in (ta[0], ta[1], ta[3], ta[4])) or 1.0
+        if any(abs(x - y) > 1e-9 * scale for x, y in zip(ta, tb)):
+            return False
+    ca, cb = a.get("crs"), b.get("crs")
+    return ca is None or cb is None or ca == cb
+
+
+def _place(georef: dict | None) -> str:
+    if not georef:
+        return "none"
+    return f"transform {georef.get('transform')}, CRS {georef.get('crs')}"
 
 
 def check_partners_consistent(partners: Sequence[Partner], sources: list[Source],
