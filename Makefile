@@ -19,8 +19,8 @@ ASAN_ENV     = PYTHONPATH=$(ASAN_SITE) LD_PRELOAD="$(ASAN_PRELOAD)" \
 NATIVE_TESTS := $(addprefix tests/test_,augment.py binding.py codecs.py corruption.py damage.py \
     dataset.py device.py epochs.py exit_live_iterators.py format.py format_v2.py hostile_params.py \
     lifecycle.py lifecycle_hostile.py limits.py loader.py manifest_bounds.py native_stub.py order.py \
-    planned_batches.py png_profile.py sampling.py shard_files.py state.py transforms.py truncation.py \
-    verify.py remote_window.py warm_up.py)
+    planned_batches.py png_profile.py sampling.py shard_files.py state.py transforms.py transforms_masks.py \
+    truncation.py verify.py remote_window.py warm_up.py)
 ASAN_TESTS   ?= $(NATIVE_TESTS)
 # The wheel's own risks are its static C libraries and its toolchain: the codecs, the record and shard
 # readers, the transforms, the reader's threads and the SIGBUS guard. Its Python is the source tree's,

@@ -169,7 +169,7 @@ def scene_stem(scene: Scene) -> str:
     """Return the name an output for ``scene`` takes under an output folder: its path without the suffix.
 
     ``sub/a.tif`` gives ``sub/a`` (outputs mirror the sources' folders, so scenes of one name in two
-    folders stay apart). Raises ValueError for a path that could leave the folder or no file system
+    folders stay apart). Raises a ValueError for a path that could leave the folder or no file system
     takes: absolute, a drive, ``.`` or ``..`` parts, control characters, a part over 200 bytes.
     """
     parts = scene.path.replace("\\", "/").split("/")
@@ -177,9 +177,9 @@ def scene_stem(scene: Scene) -> str:
         parts[-1] = parts[-1].rsplit(".", 1)[0]
     for part in parts:
         if part in ("", ".", "..") or part.startswith(".") or ":" in part or not part.isprintable():
-            raise ValueError(f"{scene.path!r} is no relative path of plain names (an output is named by it)")
+            raise _Problem(f"{scene.path!r} is no relative path of plain names (an output is named by it)")
         if len(part.encode("utf-8")) > MAX_NAME_BYTES:
-            raise ValueError(f"{scene.path!r} has a part over {MAX_NAME_BYTES} bytes")
+            raise _Problem(f"{scene.path!r} has a part over {MAX_NAME_BYTES} bytes")
     return "/".join(parts)
 
 
