@@ -8,7 +8,7 @@ and encode task copies its file), alternating, 3 rounds, best of each; the shard
 for byte each round.
 Recorded: ``samples_per_s`` of the remote run, ``local_samples_per_s`` and ``ratio_to_local``.
 moto serves from one Python process on the same 2 cores: the ratio is an upper bound of the cost.
-Every source file is downloaded twice (its probe, then its encode task).
+Each source file is downloaded once: its probe's copy stays in the run's spool for its encode task.
 """
 
 from __future__ import annotations

@@ -155,6 +155,7 @@ def test_a_server_that_dies_mid_conversion_is_a_typed_error_and_nothing_looks_co
                                                                                        monkeypatch):
     server, endpoint, url = mortal_server(two_class_pngs, "dying-pngs")
     monkeypatch.setenv("FASTLOAD_TEST_SHARD_DELAY", "0.5")
+    monkeypatch.setenv("FASTLOAD_SOURCE_SPOOL_BYTES", "0")  # no spool: the encodes download their sources again
     out = tmp_path / "out"
     args = build_parser().parse_args(["--data-dir", url, "--output-dir", str(out), "--tile-size", "32",
                                       "--labels-from-dirs", "--shard-size", "10KB", "--no-progress",
@@ -177,6 +178,38 @@ def test_a_server_that_dies_mid_conversion_is_a_typed_error_and_nothing_looks_co
         stopper.join()
     assert time.monotonic() - started < 90
     assert list(out.glob("shard-*.lmdb")) and not (out / "manifest.json").exists()
+
+
+def test_each_source_is_downloaded_once_the_encodes_read_the_probes_copies(tmp_path, two_class_pngs, monkeypatch):
+    """The spool (issue 44): with the store gone once the first shard is written, the run still completes."""
+    server, endpoint, url = mortal_server(two_class_pngs, "spooled-pngs")
+    monkeypatch.setenv("FASTLOAD_TEST_SHARD_DELAY", "0.5")
+    out = tmp_path / "out"
+    args = build_parser().parse_args(["--data-dir", url, "--output-dir", str(out), "--tile-size", "32",
+                                      "--labels-from-dirs", "--shard-size", "10KB", "--no-progress",
+                                      "--order", "source"])
+    args.storage_options = short_retries(endpoint)
+
+    def stop_after_the_first_shard() -> None:
+        deadline = time.monotonic() + 120
+        while not list(out.glob("shard-*.lmdb")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        server.stop()
+
+    stopper = threading.Thread(target=stop_after_the_first_shard)
+    stopper.start()
+    try:
+        run(args)
+    finally:
+        stopper.join()
+    local = tmp_path / "local"
+    local_args = build_parser().parse_args(["--data-dir", str(two_class_pngs), "--output-dir", str(local),
+                                            "--tile-size", "32", "--labels-from-dirs", "--shard-size", "10KB",
+                                            "--no-progress", "--order", "source"])
+    run(local_args)
+    shards = sorted(p.name for p in local.glob("shard-*.lmdb"))
+    assert len(shards) > 1 and sorted(p.name for p in out.glob("shard-*.lmdb")) == shards
+    assert all((out / n).read_bytes() == (local / n).read_bytes() for n in shards)
 
 
 def test_folder_markers_hidden_files_and_odd_names_as_in_a_local_folder(s3, tmp_path, two_class_pngs):  # noqa: F811
@@ -243,3 +276,24 @@ def test_a_plain_web_server_cannot_list_a_folder_and_the_error_says_why(tmp_path
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_spool_keeps_copies_within_its_budget_and_refuses_a_bad_setting(tmp_path, monkeypatch):
+    from fastload.errors import RemoteError
+    from fastload.storage._folder import _keep_in_spool, spool_bytes
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    monkeypatch.setenv("FASTLOAD_SOURCE_SPOOL_BYTES", "2500")
+    kept = []
+    for i in range(4):
+        copy = tmp_path / f"copy{i}.png"
+        copy.write_bytes(b"x" * 1000)
+        _keep_in_spool(copy, spool / f"{i}.png", spool)
+        kept.append((spool / f"{i}.png").exists())
+    assert kept == [True, True, False, False]  # 2000 bytes kept; a third would pass 2500
+    assert (spool / ".bytes").read_text() == "2000"
+    for bad in ("-1", "lots"):
+        monkeypatch.setenv("FASTLOAD_SOURCE_SPOOL_BYTES", bad)
+        with pytest.raises(RemoteError, match="FASTLOAD_SOURCE_SPOOL_BYTES"):
+            spool_bytes()

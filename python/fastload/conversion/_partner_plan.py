@@ -21,9 +21,8 @@ from ..format._record import Field
 from ..format._scenes import CLASS_PIXELS_SUFFIX, SCENE_FIELD, WINDOW_FIELD
 from ._cli_options import UsageError
 from ._images import ImageInfo
-from ._parallel import ordered_map
 from ._partners import Partner
-from ._preprocess_plan import listed, probe_source
+from ._preprocess_plan import listed, probe_map
 from ._scene_tiles import MAX_CLASSES, DenseSpec
 from ._sources import Source
 
@@ -42,7 +41,7 @@ def probe_partners(partners: Sequence[Partner], sources: list[Source], image_inf
     args = [(p.data_dir, p.remote, rel, npy_layout, "labels" if p.role == "target" else "keep")
             for s in sources for p, rel in zip(partners, s.partners)]
     remote = any(p.remote is not None for p in partners)
-    outcomes = iter(ordered_map(probe_source, iter(args), workers, client=client, fresh_workers=remote))
+    outcomes = iter(probe_map(iter(args), workers, client, remote))
     good: list[Source] = []
     infos: dict[str, list[ImageInfo]] = {}
     bad: list[dict] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from ..storage import RemoteFolder
 from ._dataset_writer import PreprocessError
 from ._encode import TileSpec
 from ._images import ImageInfo, ImageReadError, probe_image
-from ._parallel import ordered_map
+from ._parallel import ordered_map, threaded_ordered_map
 from ._source_files import readable_source, source_name
 from ._sources import Source
 
@@ -33,8 +34,22 @@ def listed(items: list[str]) -> str:
 def probe_source(data_dir: str, remote: RemoteFolder | None, relpath: str, npy_layout: str,
                  mode: str) -> ImageInfo:
     """Probe one source file (``probe_image``), read through a local copy when it is remote."""
-    with readable_source(data_dir, remote, relpath) as path:
+    with readable_source(data_dir, remote, relpath, keep=True) as path:  # the encode reads the copy again
         return probe_image(path, npy_layout, mode)
+
+
+PROBE_THREADS_PER_WORKER = 4  # probes of objects in a store: downloads mostly, overlapped in threads
+
+
+def probe_map(args: Iterable[tuple], workers: int, client: Any, remote: bool) -> Iterator[tuple[Any, Any]]:
+    """Run ``probe_source`` over ``args`` in order, yielding (info, error) per source.
+
+    On the Dask ``client``; in threads of this process for objects in a store (each probe mostly
+    waits on its download; no pool of fresh interpreters to start); else in ``workers`` processes.
+    """
+    if remote and client is None:
+        return threaded_ordered_map(probe_source, args, max(1, workers) * PROBE_THREADS_PER_WORKER)
+    return ordered_map(probe_source, args, workers, client=client, fresh_workers=remote)
 
 
 def probe_all(data_dir: str | Path, sources: list[Source], npy_layout: str, mode: str, workers: int,
@@ -49,7 +64,7 @@ def probe_all(data_dir: str | Path, sources: list[Source], npy_layout: str, mode
     """
     good, infos, bad = [], [], []
     args = ((str(data_dir), remote, s.relpath, npy_layout, mode) for s in sources)
-    outcomes = ordered_map(probe_source, args, workers, client=client, fresh_workers=remote is not None)
+    outcomes = probe_map(args, workers, client, remote is not None)
     for src, (info, err) in zip(sources, outcomes):
         if err is None:
             assert info is not None

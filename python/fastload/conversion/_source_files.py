@@ -18,8 +18,11 @@ from ..storage import RemoteFolder
 
 
 @contextmanager
-def readable_source(data_dir: str, remote: RemoteFolder | None, relpath: str) -> Iterator[str]:
+def readable_source(data_dir: str, remote: RemoteFolder | None, relpath: str, keep: bool = False) -> Iterator[str]:
     """Yield a local path holding the source ``relpath``: the file itself, or a copy of the remote object.
+
+    ``keep``: a remote copy may stay in the run's spool for the encode task to read (a probe's:
+    ``RemoteFolder.local_copy``), so that each object is downloaded once.
 
     An ImageReadError raised in the block about the copy is raised again naming the object's URL.
     An object gone since the listing is an ImageReadError too, as a local file deleted meanwhile is
@@ -31,7 +34,7 @@ def readable_source(data_dir: str, remote: RemoteFolder | None, relpath: str) ->
     url = remote.url_of(relpath)
     with ExitStack() as stack:
         try:
-            copy = stack.enter_context(remote.local_copy(relpath))
+            copy = stack.enter_context(remote.local_copy(relpath, keep=keep))
         except RemoteNotFoundError:
             raise ImageReadError(url, "not found: deleted since the folder was listed") from None
         try:

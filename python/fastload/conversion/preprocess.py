@@ -342,6 +342,9 @@ def run(args: argparse.Namespace, client: Any = None) -> list[WriteResult]:
     remote = _input_folder(args)
     args.partners = partners_of(getattr(args, "inputs", []), getattr(args, "targets", []),
                                 getattr(args, "storage_options", None))
+    for partner in args.partners:
+        if partner.remote is not None:  # its copies (and the spool of its probes) go there; deleted at the end
+            partner.remote.scratch = tempfile.mkdtemp(prefix="fastload-sources-")
     try:
         data_dir: Path | str = args.data_dir
         if remote is None and args.data_dir.exists():

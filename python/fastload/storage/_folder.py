@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -22,8 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from ..errors import RemoteError, RemoteNotFoundError
 from ._client import RemoteRoot, StorageOptions, _obstore
+from ._locks import FileLock
 from ._urls import redact
 
 # The stores opened in this process, by (process id, URL, pickled options): bounded, and a forked
@@ -125,7 +129,7 @@ class RemoteFolder:
         return found
 
     @contextmanager
-    def local_copy(self, relpath: str) -> Iterator[Path]:
+    def local_copy(self, relpath: str, keep: bool = False) -> Iterator[Path]:
         """Copy ``relpath`` into a temporary directory and yield its path; delete it afterwards.
 
         The copy is named ``source`` with the object's suffix (readers choose by suffix; a key's own
@@ -133,7 +137,16 @@ class RemoteFolder:
         under ``scratch`` when that directory exists in this process's machine: the driver that made it
         deletes it at the end, also when it killed a worker in the middle of a copy. Raises RemoteError
         naming the URL when the object cannot be read, or the local disk cannot hold it.
+
+        The run's spool (``scratch/spool/``, on the driver's machine only): a copy made with ``keep``
+        (a probe's) is kept there while the spool holds fewer than ``spool_bytes()`` bytes, and a later
+        copy of the same object (its encode task's) is read from there instead of downloaded again.
         """
+        spool = self._spool()
+        kept = spool / _spool_name(relpath) if spool is not None else None
+        if kept is not None and kept.is_file():  # downloaded once already in this run (its probe)
+            yield kept
+            return
         parent = self.scratch if self.scratch is not None and os.path.isdir(self.scratch) else None
         with tempfile.TemporaryDirectory(prefix="fastload-source-", dir=parent) as tmp:
             path = Path(tmp, "source" + Path(relpath.rsplit("/", 1)[-1]).suffix)
@@ -145,7 +158,58 @@ class RemoteFolder:
                 raise RemoteError(f"{self.url_of(relpath)}: cannot copy it to {tmp}: {err.strerror or err}") \
                     from None
             yield path
+            if keep and kept is not None and spool is not None:
+                _keep_in_spool(path, kept, spool)
 
+    def _spool(self) -> Path | None:
+        """Return the run's spool directory when ``scratch`` exists on this machine, else None."""
+        if self.scratch is None or not os.path.isdir(self.scratch):
+            return None
+        spool = Path(self.scratch, "spool")
+        spool.mkdir(mode=0o700, exist_ok=True)
+        return spool
+
+
+SPOOL_ENV = "FASTLOAD_SOURCE_SPOOL_BYTES"
+DEFAULT_SPOOL_BYTES = 8 * 10**9
+
+
+def spool_bytes() -> int:
+    """Return the bytes a conversion may keep of its downloaded sources (``FASTLOAD_SOURCE_SPOOL_BYTES``).
+
+    At most half the free space of the disk the spool is on is used whatever the setting; 0
+    downloads every source twice (its probe, its encode), as before the spool.
+    """
+    text = os.environ.get(SPOOL_ENV)
+    if text is None:
+        return DEFAULT_SPOOL_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        raise RemoteError(f"{SPOOL_ENV}={text!r}: expected a byte count") from None
+    if value < 0:
+        raise RemoteError(f"{SPOOL_ENV}={text!r}: expected a byte count of at least 0")
+    return value
+
+
+def _spool_name(relpath: str) -> str:
+    """Return the spool's file name of ``relpath``: a hash of the path, with its suffix (readers go by it)."""
+    return xxhash.xxh3_128_hexdigest(relpath.encode()) + Path(relpath.rsplit("/", 1)[-1]).suffix
+
+
+def _keep_in_spool(path: Path, kept: Path, spool: Path) -> None:
+    """Move a finished copy into the spool when the spool has room (its byte count kept under a lock)."""
+    size = path.stat().st_size
+    with FileLock(spool / ".lock", exclusive=True):
+        counter = spool / ".bytes"
+        used = int(counter.read_text() or 0) if counter.exists() else 0
+        free = shutil.disk_usage(spool).free
+        if used + size > min(spool_bytes(), free // 2) or kept.exists():
+            return
+        os.replace(path, kept)
+        tmp = spool / ".bytes.tmp"
+        tmp.write_text(str(used + size))
+        os.replace(tmp, counter)
 
 
 def _prefixes(name: str) -> list[str]:
