@@ -18,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -151,6 +153,23 @@ def test_an_interrupted_run_from_a_bucket_resumes_to_the_same_bytes(s3, tmp_path
     assert shard_bytes(out) == shard_bytes(tmp_path / "local")
 
 
+@contextmanager
+def stopped_after_the_first_shard(server, out: Path) -> Iterator[None]:
+    """Stop ``server`` (from another thread) once ``out`` holds a shard, while the block runs."""
+    def stop() -> None:
+        deadline = time.monotonic() + 120
+        while not list(out.glob("shard-*.lmdb")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        server.stop()
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    try:
+        yield
+    finally:
+        stopper.join()
+
+
 def test_a_server_that_dies_mid_conversion_is_a_typed_error_and_nothing_looks_complete(tmp_path, two_class_pngs,
                                                                                        monkeypatch):
     server, endpoint, url = mortal_server(two_class_pngs, "dying-pngs")
@@ -162,20 +181,10 @@ def test_a_server_that_dies_mid_conversion_is_a_typed_error_and_nothing_looks_co
                                       "--order", "source"])  # sources still read after the first shard
     args.storage_options = short_retries(endpoint)
 
-    def stop_after_the_first_shard() -> None:
-        deadline = time.monotonic() + 120
-        while not list(out.glob("shard-*.lmdb")) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        server.stop()
-
-    stopper = threading.Thread(target=stop_after_the_first_shard)
-    stopper.start()
     started = time.monotonic()
-    try:
-        with pytest.raises(RemoteError, match="s3://fastload-tests/dying-pngs/"):
-            run(args)
-    finally:
-        stopper.join()
+    with stopped_after_the_first_shard(server, out), pytest.raises(RemoteError,
+                                                                   match="s3://fastload-tests/dying-pngs/"):
+        run(args)
     assert time.monotonic() - started < 90
     assert list(out.glob("shard-*.lmdb")) and not (out / "manifest.json").exists()
 
@@ -190,18 +199,8 @@ def test_each_source_is_downloaded_once_the_encodes_read_the_probes_copies(tmp_p
                                       "--order", "source"])
     args.storage_options = short_retries(endpoint)
 
-    def stop_after_the_first_shard() -> None:
-        deadline = time.monotonic() + 120
-        while not list(out.glob("shard-*.lmdb")) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        server.stop()
-
-    stopper = threading.Thread(target=stop_after_the_first_shard)
-    stopper.start()
-    try:
+    with stopped_after_the_first_shard(server, out):
         run(args)
-    finally:
-        stopper.join()
     local = tmp_path / "local"
     local_args = build_parser().parse_args(["--data-dir", str(two_class_pngs), "--output-dir", str(local),
                                             "--tile-size", "32", "--labels-from-dirs", "--shard-size", "10KB",

@@ -31,7 +31,7 @@ from ._shard_labels import label_histogram, shard_labels_doc
 from ._shard_plan import shard_capacity
 from ._shard_targets import LocalShards, ShardTarget
 from ._shard_writer import dataset_id
-from ._source_files import partner_stat, source_stat
+from ._source_files import source_stat
 from ._sources import Source
 from ._write_order import READS_NOTE_FROM, check_order, order_doc, picks_of, shuffled_job, write_order
 
@@ -184,7 +184,7 @@ def _partner_line(job: WriteJob, source: Source, versions: bool) -> str:
         return ""
     parts = []
     for partner, relpath in zip(dense.partners, source.partners):
-        size, version = partner_stat(partner, relpath)
+        size, version = source_stat(partner, relpath)  # a Partner has data_dir and remote too
         parts.append(f"|{partner.name}={relpath}|{size}" + (f"|{version}" if versions else ""))
     return "".join(parts)
 

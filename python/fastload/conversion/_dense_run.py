@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PreprocessError
-from ..storage import is_remote
 from ._cli_options import UsageError
 from ._encode import EncodeSettings, count_tiles
 from ._images import ImageInfo
@@ -138,7 +137,3 @@ def scenes_doc(plan: SplitPlan, info_of: dict[str, ImageInfo], partners: list[Pa
         scenes.append(scene)
     return scenes
 
-
-def remote_partner(partners: list[Partner]) -> bool:
-    """Return whether a partner folder is in object storage."""
-    return any(p.remote is not None or is_remote(p.data_dir) for p in partners)

@@ -46,14 +46,7 @@ _LABEL_NAMES = ("label", "class", "target", "category", "class_name", "y")
 
 
 def _read_rows(csv_path: Path | str, storage_options: LabelStorage = None) -> list[tuple[int, list[str]]]:
-    if is_remote(csv_path):
-        assert isinstance(csv_path, str)
-        text = io.StringIO(_remote_text(csv_path, storage_options), newline="")
-        return _rows(text)
-    if not Path(csv_path).is_file():
-        raise SourceError(f"{csv_path}: label file not found")
-    with open(csv_path, newline="", encoding="utf-8-sig") as f:
-        return _rows(f)
+    return _rows(io.StringIO(read_csv_text(csv_path, storage_options, "label file"), newline=""))
 
 
 def _rows(lines: TextIO) -> list[tuple[int, list[str]]]:
@@ -169,12 +162,12 @@ def labels_from_csv(csv_path: Path | str, data_dir: Path | str, relpaths: list[s
         return [Source(p, index[v]) for p, v in zip(relpaths, values)], classes
 
 
-def read_csv_text(csv_path: Path | str, storage_options: LabelStorage = None) -> str:
+def read_csv_text(csv_path: Path | str, storage_options: LabelStorage = None, what: str = "file") -> str:
     """Return a CSV file (a local path, or a URL of object storage) as text; SourceError naming it when missing."""
     if is_remote(csv_path):
         assert isinstance(csv_path, str)
         return _remote_text(csv_path, storage_options)
     if not Path(csv_path).is_file():
-        raise SourceError(f"{csv_path}: file not found")
+        raise SourceError(f"{csv_path}: {what} not found")
     with open(csv_path, newline="", encoding="utf-8-sig") as f:
         return f.read()

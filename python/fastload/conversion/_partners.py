@@ -19,6 +19,7 @@ from typing import Any
 
 from ..storage import RemoteFolder, is_remote
 from ._cli_options import UsageError
+from ._source_files import source_name
 from ._sources import Source, find_images, sort_images
 
 ROLES = ("input", "target")
@@ -37,9 +38,7 @@ class Partner:
 
     def where(self, relpath: str) -> str:
         """Return how messages name the partner file ``relpath``: its path, or its URL."""
-        if self.remote is not None:
-            return self.remote.url_of(relpath)
-        return str(Path(self.data_dir, relpath))
+        return source_name(self.data_dir, self.remote, relpath)
 
 
 def parse_partner(text: str, role: str) -> tuple[str, str]:

@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import ImageReadError
 from ..format._scenes import CLASS_PIXELS_SUFFIX, SCENE_FIELD, WINDOW_FIELD
 from ._partners import Partner
+from ._tiling import cut_tile
 
 MAX_CLASSES = 1024  # --num-classes: a per-tile count field of int32 per class
 
@@ -50,17 +51,6 @@ def window_of(y: int, x: int, tile: tuple[int, int], height: int, width: int) ->
     return np.array([y, x, min(tile[0], height - y), min(tile[1], width - x)], np.int64)
 
 
-def cut(raster: np.ndarray, y: int, x: int, tile: tuple[int, int], fill: float | int = 0) -> np.ndarray:
-    """Return the tile at (y, x) of an (H, W, C) raster, filled with ``fill`` where it runs past the edge."""
-    th, tw = tile
-    part = raster[y:y + th, x:x + tw]
-    if part.shape[0] == th and part.shape[1] == tw:
-        return part
-    out = np.full((th, tw, raster.shape[2]), fill, dtype=raster.dtype)
-    out[:part.shape[0], :part.shape[1]] = part
-    return out
-
-
 def labelled_fraction(target: np.ndarray, y: int, x: int, tile: tuple[int, int], ignore: float | None) -> float:
     """Return the fraction of a tile's pixels that are inside the scene and not ``ignore`` (band 0 of ``target``)."""
     part = target[y:y + tile[0], x:x + tile[1], 0]
@@ -78,13 +68,13 @@ def kept_origins(spec: DenseSpec, grid: list[tuple[int, int]], rasters: dict[str
 
 
 def class_pixels(target: np.ndarray, window: np.ndarray, classes: int, ignore: float | None, where: str) -> np.ndarray:
-    """Return the pixels of each class 0..classes-1 in a target tile's window, as int32.
+    """Return the pixels of each class 0..classes-1 in a one-band target tile's (H, W) window, as int32.
 
     Pixels equal to ``ignore`` are not counted. Any other value outside 0..classes-1 is an
     ImageReadError naming the file, the window and the value: a count that silently dropped it
     would weigh the tile wrongly.
     """
-    values = target[:window[2], :window[3], 0]
+    values = target[:window[2], :window[3]]
     if ignore is not None:
         values = values[values != ignore]
     values = values.ravel()
@@ -112,7 +102,7 @@ def tile_values(spec: DenseSpec, rasters: dict[str, np.ndarray], names: dict[str
     for name, raster in rasters.items():
         is_target = name in targets
         fill = spec.ignore_index if is_target and spec.ignore_index is not None else 0
-        part = cut(raster, y, x, tile, fill)
+        part = cut_tile(raster, y, x, tile, fill)
         if is_target and part.shape[2] == 1:
             values[name] = np.ascontiguousarray(part[:, :, 0])
         else:
@@ -122,6 +112,7 @@ def tile_values(spec: DenseSpec, rasters: dict[str, np.ndarray], names: dict[str
         values[SCENE_FIELD] = np.int64(scene)
         values[WINDOW_FIELD] = window
     for name, classes in spec.classes:
-        raw = cut(rasters[name], y, x, tile, spec.ignore_index if spec.ignore_index is not None else 0)
-        values[name + CLASS_PIXELS_SUFFIX] = class_pixels(raw, window, classes, spec.ignore_index, names[name])
+        # a counted target has one band: its field value is the (H, W) tile just cut
+        values[name + CLASS_PIXELS_SUFFIX] = class_pixels(values[name], window, classes, spec.ignore_index,
+                                                          names[name])
     return values

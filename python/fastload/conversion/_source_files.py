@@ -49,7 +49,7 @@ def source_name(data_dir: str, remote: RemoteFolder | None, relpath: str) -> str
 
 
 def source_stat(settings: Any, relpath: str) -> tuple[int, str]:
-    """Return (size in bytes, version) of the source ``relpath`` of ``settings`` (an EncodeSettings).
+    """Return (size in bytes, version) of the source ``relpath`` of ``settings`` (an EncodeSettings, a Partner).
 
     The version is the modification time in nanoseconds for a local file, the listing's ETag (else
     its modification time) for an object: what tells ``--resume`` that an input changed.
@@ -61,11 +61,3 @@ def source_stat(settings: Any, relpath: str) -> tuple[int, str]:
     st = os.stat(os.path.join(settings.data_dir, relpath))
     return st.st_size, str(st.st_mtime_ns)
 
-
-def partner_stat(partner: Any, relpath: str) -> tuple[int, str]:
-    """Return (size in bytes, version) of a partner file (a ``_partners.Partner``'s ``relpath``), as ``source_stat``."""
-    if partner.remote is not None:
-        listed = partner.remote.stat(relpath)
-        return listed.size, listed.version
-    st = os.stat(os.path.join(partner.data_dir, relpath))
-    return st.st_size, str(st.st_mtime_ns)

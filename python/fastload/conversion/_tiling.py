@@ -37,12 +37,12 @@ def tile_grid(height: int, width: int, tile: tuple[int, int], stride: tuple[int,
     return [(y, x) for y in ys for x in xs]
 
 
-def cut_tile(image: np.ndarray, y: int, x: int, tile: tuple[int, int]) -> np.ndarray:
-    """Return the tile at (y, x) of an (H, W, C) image, zero-padded where it runs past the edge."""
+def cut_tile(image: np.ndarray, y: int, x: int, tile: tuple[int, int], fill: float = 0) -> np.ndarray:
+    """Return the tile at (y, x) of an (H, W, C) image, filled with ``fill`` where it runs past the edge."""
     th, tw = tile
     part = image[y : y + th, x : x + tw]
     if part.shape[0] == th and part.shape[1] == tw:
         return part
-    out = np.zeros((th, tw, image.shape[2]), dtype=image.dtype)
+    out = np.full((th, tw, image.shape[2]), fill, dtype=image.dtype)
     out[: part.shape[0], : part.shape[1]] = part
     return out
