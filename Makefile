@@ -16,7 +16,7 @@ ASAN_ENV     = PYTHONPATH=$(ASAN_SITE) LD_PRELOAD="$(ASAN_PRELOAD)" \
 # threads and process lifecycle; remote_window.py last: its download threads idle out after the
 # lifecycle suites' thread counts are taken): the sanitizer build runs them (ASAN_TESTS=tests: the whole suite),
 # and the wheel's run adds none of the CLI, conversion or trainer tests the source build already ran.
-NATIVE_TESTS := $(addprefix tests/test_,augment.py binding.py codecs.py corruption.py damage.py \
+NATIVE_TESTS := $(addprefix tests/test_,augment.py binding.py blocks.py codecs.py corruption.py damage.py \
     dataset.py device.py epochs.py exit_live_iterators.py format.py format_v2.py hostile_params.py \
     lifecycle.py lifecycle_hostile.py limits.py loader.py manifest_bounds.py native_stub.py order.py \
     planned_batches.py png_profile.py sampling.py shard_files.py state.py transforms.py transforms_masks.py \
@@ -25,7 +25,8 @@ ASAN_TESTS   ?= $(NATIVE_TESTS)
 # The wheel's own risks are its static C libraries and its toolchain: the codecs, the record and shard
 # readers, the transforms, the reader's threads and the SIGBUS guard. Its Python is the source tree's,
 # which `make test` already ran (FASTLOAD_PYTEST="tests -q" runs everything against the wheel).
-WHEEL_TESTS  := $(addprefix tests/test_,augment.py binding.py codecs.py corruption.py format.py format_v2.py \
+WHEEL_TESTS  := $(addprefix tests/test_,augment.py binding.py blocks.py codecs.py corruption.py format.py format_v2.py \
+    golden.py \
     hostile_params.py loader.py native_stub.py png_profile.py transforms.py truncation.py verify.py)
 
 FUZZ_PACKAGES := clang libclang-rt-dev

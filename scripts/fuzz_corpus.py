@@ -2,7 +2,11 @@
 
 Usage: python scripts/fuzz_corpus.py OUT_DIR. Every shard holds records of an "image" field (uint16,
 3x8x8 or 3x32x32) in one codec and a raw int64 "label", as the fuzz target decodes them: a few small
-records, enough small records for a branch page, and noisy large records on overflow pages.
+records, enough small records for a branch page, and noisy large records on overflow pages. Each comes
+as the writer writes it now (format v4: ``KIND-CODEC.lmdb``, one block of records), in format v3
+(``KIND-CODEC-v3.lmdb``: a record per key), and, for the branch and overflow kinds, as a v4 shard of
+many small blocks (``KIND-CODEC-blocks.lmdb``: blocks inline on leaf pages under a branch page, or
+several blocks each on its own overflow run). The fuzz target reads every input both ways.
 """
 
 from __future__ import annotations
@@ -12,9 +16,40 @@ import sys
 import tempfile
 from pathlib import Path
 
+import lmdb
 import numpy as np
 
 import fastload
+from fastload.conversion._shard_writer import write_shard
+from fastload.format._blocks import iter_block_records, pack_blocks
+from fastload.format._manifest import load_manifest
+from fastload.format._record import RecordEncoder
+
+# Blocks of the "-blocks" seeds: one or two small records each, or one or two 6 KB records.
+SMALL_BLOCKS = {"branch": 400, "overflow": 8192}
+
+
+def _values(shard: Path) -> list[bytes]:
+    env = lmdb.open(str(shard), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        values = [bytes(v) for _, v in txn.cursor()]
+    env.close()
+    return values
+
+
+def _write_values(path: Path, values: list[bytes]) -> None:
+    """Write ``values`` under keys 0..n-1 as the shard writer does (8-byte big-endian keys, compacting copy)."""
+    build = path.with_name(f".{path.name}.build")
+    env = lmdb.open(str(build), subdir=False, map_size=2 * sum(len(v) + 4096 for v in values) + (8 << 20),
+                    lock=False, sync=False, metasync=False, readahead=False, meminit=True, max_dbs=0)
+    try:
+        with env.begin(write=True) as txn:
+            for key, value in enumerate(values):
+                txn.put(key.to_bytes(8, "big"), value, append=True)
+        env.copy(str(path), compact=True)
+    finally:
+        env.close()
+    build.unlink()
 
 
 def main(out: Path) -> None:
@@ -29,10 +64,22 @@ def main(out: Path) -> None:
                 images = rng.integers(0, top, (n, 3, side, side), dtype=np.uint16)
                 if codec == "jpeg":  # uint8 only
                     images = (images >> 8 if top > 256 else images).astype(np.uint8)
+                labels = np.arange(n, dtype=np.int64)
                 ds = Path(tmp) / f"{kind}-{codec}"
-                fastload.write_arrays(ds, {"image": images, "label": np.arange(n, dtype=np.int64)},
-                                      codec={"image": codec}, samples_per_shard=1000)
+                fastload.write_arrays(ds, {"image": images, "label": labels}, codec={"image": codec},
+                                      samples_per_shard=1000)
                 shutil.copyfile(ds / "shard-00000.lmdb", out / f"{kind}-{codec}.lmdb")
+                if kind in SMALL_BLOCKS:  # the same v4 records in many blocks
+                    records = list(iter_block_records(_values(ds / "shard-00000.lmdb")))
+                    _write_values(out / f"{kind}-{codec}-blocks.lmdb", pack_blocks(records, target=SMALL_BLOCKS[kind]))
+                # Format v3: the same samples, a record per key (RecordEncoder writes old versions for tests).
+                manifest = load_manifest(ds)
+                encoder = RecordEncoder(manifest.fields, version=3)
+                records = [encoder.encode({"image": images[i], "label": labels[i]}, key=i) for i in range(n)]
+                v3 = Path(tmp) / f"{kind}-{codec}-v3"
+                v3.mkdir()
+                info = write_shard(v3, 0, records, binding=(manifest.fields, manifest.dataset_id), durable=False)
+                shutil.copyfile(v3 / info.file, out / f"{kind}-{codec}-v3.lmdb")
 
 
 if __name__ == "__main__":

@@ -70,12 +70,12 @@ def verdict(read, path: Path, expected: list[dict]) -> str:
         return f"untyped:{type(err).__name__}: {err}"
 
 
-def validators_agree(shard: Path, count: int) -> str:
+def validators_agree(shard: Path, count: int, packed: bool) -> str:
     """Run the native and the pure-Python validator on one file; "same" when they give the same verdict."""
     verdicts = []
     for native in (True, False):
         try:
-            validate_shard(str(shard), count, use_native=native)
+            validate_shard(str(shard), count, use_native=native, packed=packed)
             verdicts.append("valid")
         except FastloadError as err:
             verdicts.append(f"{type(err).__name__}: {err}")
@@ -96,7 +96,8 @@ def main() -> None:
             data[offset:offset + len(raw)] = raw
         (path / SHARD).write_bytes(bytes(data))
         print(json.dumps({"id": trial["id"], "starting": "validators"}), flush=True)
-        result = {"id": trial["id"], "validators": validators_agree(path / SHARD, len(expected))}
+        packed = json.loads((path / "manifest.json").read_text())["format_version"] >= 4  # v4: blocks of records
+        result = {"id": trial["id"], "validators": validators_agree(path / SHARD, len(expected), packed)}
         for name, read in (("native", read_native), ("torch", read_torch)):
             print(json.dumps({"id": trial["id"], "starting": name}), flush=True)
             if trial.get("control") == "abort":  # the harness's own check: a crash is caught and reported

@@ -1,4 +1,4 @@
-"""Format v3: every shard is bound to its dataset and its position; consistent-but-wrong datasets are refused.
+"""Format v3 (and v4): every shard is bound to its dataset and its position; consistent-but-wrong datasets are refused.
 
 Each attack of issue 22 (item 4) is here: shards swapped with their manifest entries, a same-numbered
 shard of another dataset with its entry refreshed, a shard rewritten in place (same size) while readers
@@ -184,7 +184,7 @@ def test_a_dataset_written_empty_still_opens(tmp_path, backend):
     out = tmp_path / "empty"
     fastload.write_arrays(out, {"x": np.zeros((0, 4), np.uint8)})
     doc = manifest(out)
-    assert doc["format_version"] == 3 and doc["empty"] is True and doc["shards"] == []
+    assert doc["format_version"] == 4 and doc["empty"] is True and doc["shards"] == []
     assert len(fastload.ShardDataset(out)) == 0
     assert list(fastload.ShardLoader(out, batch_size=4, backend=backend)) == []
     assert run_cli("fastload", "verify", str(out)).returncode == 0
@@ -244,7 +244,7 @@ def test_verify_recommends_rewriting_old_datasets(tmp_path):
     r = run_cli("fastload", "verify", str(out))
     assert r.returncode == 0
     assert "note: " in r.stdout and "format version 2: its shards are not bound" in r.stdout
-    assert "rewrite it with this fastload to get format 3" in r.stdout
+    assert "run `fastload upgrade` on it to get format 4" in r.stdout
 
 
 @pytest.mark.parametrize("backend", ["native", "torch"])
@@ -293,4 +293,4 @@ def test_shard_writer_refuses_records_of_another_schema(tmp_path):
 def test_info_names_the_dataset_id(pair):
     a, _ = pair
     r = run_cli("fastload", "info", str(a))
-    assert r.returncode == 0 and f"format version 3, dataset id {manifest(a)['dataset_id']}," in r.stdout
+    assert r.returncode == 0 and f"format version 4, dataset id {manifest(a)['dataset_id']}," in r.stdout

@@ -18,10 +18,10 @@ import struct
 import warnings
 from pathlib import Path
 
-import lmdb
 import numpy as np
 import pytest
 import torch
+from shard_edit import read_records, record_file_offset
 from test_remote import BUCKET, batches, s3, same, upload  # noqa: F401  (s3: the module's server fixture)
 
 import fastload
@@ -42,15 +42,11 @@ def small(tmp_path_factory, s3):  # noqa: F811
 
 
 def flip_record_byte(shard: Path, key: int) -> None:
-    """Flip the last payload byte of record ``key`` (found by its contents): its checksum fails."""
-    env = lmdb.open(str(shard), subdir=False, readonly=True, lock=False)
-    with env.begin() as txn:
-        record = bytes(txn.get(key.to_bytes(8, "big")))
-    env.close()
+    """Flip the last payload byte of record ``key`` in its block (found by its contents): its checksum fails."""
+    size = len(read_records(shard)[key])
+    at = record_file_offset(shard, key)
     data = bytearray(shard.read_bytes())
-    at = data.find(record)
-    assert at >= 0 and data.find(record, at + 1) < 0
-    data[at + len(record) - 1] ^= 0xFF
+    data[at + size - 1] ^= 0xFF
     write_in_place(shard, bytes(data))
 
 

@@ -232,16 +232,13 @@ def test_a_damaged_jpeg_header_does_not_spoil_the_next_intact_jpeg():
 
 
 def test_png_of_another_size_in_a_shard_is_a_corrupt_record_naming_shard_and_record(tmp_path):
-    import lmdb
+    from shard_edit import read_records, replace_record
 
     tiles = photo_tiles(4, "chw")
     fastload.write_arrays(tmp_path / "ds", {"x": tiles}, codec="png")
     shard = tmp_path / "ds" / "shard-00000.lmdb"
-    env = lmdb.open(str(shard), subdir=False, map_size=1 << 24)
-    with env.begin(write=True) as txn:
-        record = txn.get((2).to_bytes(8, "big"))
-        txn.put((2).to_bytes(8, "big"), replace_payload(record, png_with_ihdr(record[48:], 48, 31)))
-    env.close()
+    record = read_records(shard)[2]
+    replace_record(shard, 2, replace_payload(record, png_with_ihdr(record[48:], 48, 31)))  # inside its block
     manifest = tmp_path / "ds" / "manifest.json"
     doc = json.loads(manifest.read_text())
     doc["shards"][0]["bytes"] = shard.stat().st_size  # the damage is inside a record, not to the file's size

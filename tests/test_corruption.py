@@ -2,10 +2,10 @@ import json
 import os
 from pathlib import Path
 
-import lmdb
 import numpy as np
 import pytest
 from conftest import run_cli
+from shard_edit import read_blocks, read_records, read_values, record_file_offset
 
 import fastload
 from fastload import _native
@@ -22,15 +22,11 @@ def dataset(tmp_path) -> Path:
 
 
 def flip_record_byte(shard: Path, key: int) -> None:
-    """Flip the last payload byte of one record, found in the shard file by its contents."""
-    env = lmdb.open(str(shard), subdir=False, readonly=True, lock=False)
-    with env.begin() as txn:
-        record = txn.get(key.to_bytes(8, "big"))
-    env.close()
+    """Flip the last payload byte of one record (inside its block), found in the shard file by its contents."""
+    record_bytes = len(read_records(shard)[key])
+    at = record_file_offset(shard, key)
     data = bytearray(shard.read_bytes())
-    at = data.find(record)
-    assert at >= 0 and data.find(record, at + 1) < 0
-    data[at + len(record) - 1] ^= 0xFF
+    data[at + record_bytes - 1] ^= 0xFF
     shard.write_bytes(bytes(data))
 
 
@@ -58,52 +54,56 @@ def test_flipped_byte_is_reported_by_verify_dataset_and_loader(dataset):
         assert all(np.array_equal(b.numpy(), np.arange(10 * i, 10 * i + 10)) for i, b in enumerate(seen))
 
 
-def overflow_header_at(shard: Path, key: int) -> int:
-    """The file offset of the header of the overflow run holding one record (the 16 bytes before its value)."""
-    env = lmdb.open(str(shard), subdir=False, readonly=True, lock=False)
-    with env.begin() as txn:
-        record = bytes(txn.get(key.to_bytes(8, "big")))
-    env.close()
+def overflow_header_at(shard: Path, key: int) -> tuple[int, int]:
+    """Return (block number, file offset of its overflow run's header) of the block holding record ``key``.
+
+    The header is the 16 bytes before the block's value, on the first page of the block's own run.
+    """
+    sizes = [len(records) for records in read_blocks(shard)]
+    number = next(b for b in range(len(sizes)) if key < sum(sizes[:b + 1]))
+    value = read_values(shard)[number]
     data = shard.read_bytes()
-    at = data.find(record)
-    assert at >= 0 and data.find(record, at + 1) < 0 and (at - 16) % 4096 == 0  # a value on its own run
-    return at - 16
+    at = data.find(value)
+    assert at >= 0 and data.find(value, at + 1) < 0 and (at - 16) % 4096 == 0  # a value on its own run
+    return number, at - 16
 
 
 @pytest.mark.parametrize("damage", ["flags", "run length"])
-def test_a_damaged_overflow_run_header_is_caught_when_its_record_is_read(tmp_path, damage):
-    # The loader's validation leaves each record's run header to the read (it lies on the record's own
-    # first page: checking it at open touched a page of every record); verify checks it up front.
+def test_a_damaged_overflow_run_header_is_caught_at_open(tmp_path, damage):
+    # Format v4: an overflow run holds a whole block of records, and the readers check every block's run
+    # header when they open the shard (a page per MiB of records), so a damaged one stops the shard at
+    # open, naming the block, before any of its records is read; verify reports it the same way.
     out = tmp_path / "ds"
     rng = np.random.default_rng(0)
-    fastload.write_arrays(out, {"image": rng.integers(0, 255, (40, 3, 32, 32), dtype=np.uint8),
+    fastload.write_arrays(out, {"image": rng.integers(0, 255, (40, 3, 128, 128), dtype=np.uint8),
                                 "label": np.arange(40, dtype=np.int64)})
     shard = out / "shard-00000.lmdb"
-    header = overflow_header_at(shard, 25)
+    assert len(read_blocks(shard)) == 2  # 48 KiB records: about 21 per 1 MiB block
+    block, header = overflow_header_at(shard, 25)
+    assert block == 1
     data = bytearray(shard.read_bytes())
     if damage == "flags":
         data[header + 10:header + 12] = (0).to_bytes(2, "little")  # no longer P_OVERFLOW
         reason = f"page {header // 4096} is not the start of an overflow run"
     else:
-        data[header + 12:header + 16] = (7).to_bytes(4, "little")  # a run of 7 pages for a 2-page value
-        reason = f"overflow run of 7 pages at page {header // 4096} does not fit a"
+        data[header + 12:header + 16] = (700).to_bytes(4, "little")  # 700 pages: not the length of a ~0.9 MiB block
+        reason = f"overflow run of 700 pages at page {header // 4096} does not fit a"
     shard.write_bytes(bytes(data))
 
     r = run_cli("fastload", "verify", str(out))
-    assert r.returncode == 1 and reason in r.stdout
+    assert r.returncode == 1 and f"{shard}: block {block}: {reason}" in r.stdout
 
     for backend in ("native", "torch"):
-        loader = fastload.ShardLoader(out, batch_size=10, backend=backend, num_workers=0)
         seen = []
-        with pytest.raises(CorruptRecordError, match=f"record 25: {reason}") as err:
+        with pytest.raises(CorruptShardError, match=f"block {block}: {reason}") as err:
+            loader = fastload.ShardLoader(out, batch_size=10, backend=backend, num_workers=0)
             for batch in loader:
                 seen.append(batch["label"].clone())
-        assert err.value.path == str(shard) and err.value.record == 25
-        assert [b.tolist() for b in seen] == [list(range(0, 10)), list(range(10, 20))]  # those before are intact
+        assert err.value.path == str(shard)
+        assert seen == []  # caught when the shard is opened: no record of it was read
     ds = fastload.ShardDataset(out)
-    assert ds[24]["label"] == 24
-    with pytest.raises(CorruptRecordError, match="record 25"):
-        ds[25]
+    with pytest.raises(CorruptShardError, match=f"block {block}: {reason}"):
+        ds[0]  # a record of block 0, whose own run is sound: the shard as a whole is refused
 
 
 def test_truncated_shard(dataset):
@@ -119,7 +119,7 @@ def test_truncated_shard(dataset):
         fastload.ShardLoader(dataset)
     # The native core checks on its own too, without the manifest's sizes.
     with pytest.raises(CorruptShardError, match=r"truncated: the file has \d+ bytes, its LMDB pages need"):
-        _native.ShardSet([str(shard)], [20])
+        _native.ShardSet([str(shard)], [20], [True])
 
 
 def test_deleted_manifest_means_incomplete(dataset):
@@ -137,16 +137,16 @@ def test_missing_shard(dataset):
     with pytest.raises(ShardNotFoundError, match="shard-00000.lmdb: shard file not found"):
         fastload.ShardDataset(dataset)
     with pytest.raises(ShardNotFoundError):
-        _native.ShardSet([str(dataset / "shard-00000.lmdb")], [20])
+        _native.ShardSet([str(dataset / "shard-00000.lmdb")], [20], [True])
 
 
 def test_record_count_mismatch_and_garbage_file(dataset):
     with pytest.raises(CorruptShardError, match="holds 20 records, the manifest says 21"):
-        _native.ShardSet([str(dataset / "shard-00000.lmdb")], [21])
+        _native.ShardSet([str(dataset / "shard-00000.lmdb")], [21], [True])
     garbage = dataset / "garbage.lmdb"
     garbage.write_bytes(b"\x01" * 20000)
     with pytest.raises(CorruptShardError, match="not a readable LMDB file"):
-        _native.ShardSet([str(garbage)], [1])
+        _native.ShardSet([str(garbage)], [1], [True])
 
 
 def test_invalid_manifests(dataset):

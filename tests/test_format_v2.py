@@ -1,4 +1,4 @@
-"""Format v2: each record names its key and its schema; v1 and v2 datasets stay readable (writers write v3)."""
+"""Format v2: each record names its key and its schema; v1 and v2 datasets stay readable (writers write v4)."""
 
 import json
 from pathlib import Path
@@ -7,6 +7,7 @@ import lmdb
 import numpy as np
 import pytest
 from conftest import run_cli
+from shard_edit import read_records, replace_record
 
 import fastload
 from fastload.conversion._shard_writer import write_shard
@@ -24,7 +25,7 @@ LOADERS = {
 
 def write_old_dataset(out: Path, values: np.ndarray, labels: np.ndarray, per_shard: int = 5,
                       version: int = 1) -> None:
-    """Write a format v1 or v2 dataset, as fastload before v2 or v3 did (tests only: writers write v3)."""
+    """Write a format v1 or v2 dataset, as fastload before v2 or v3 did (tests only: writers write v4)."""
     out.mkdir(parents=True)
     fields = [Field("v", "int32", tuple(values.shape[1:]), "zstd"), Field("label", "int64", ())]
     encoder = RecordEncoder(fields, version=version)
@@ -157,11 +158,9 @@ def test_bool_bytes_other_than_0_and_1_are_corrupt(tmp_path, how):
     fastload.write_arrays(out, {"flag": flags}, codec="zstd")
     # Re-encode sample 5 with a byte 2 (and a matching checksum): only the bool check can catch it.
     bad = RecordEncoder([Field("flag", "uint8", (3,), "zstd")]).encode({"flag": np.array([0, 2, 1], np.uint8)})
-    env = lmdb.open(str(out / "shard-00000.lmdb"), subdir=False, lock=False, map_size=1 << 24)
-    with env.begin(write=True) as txn:
-        good = bytes(txn.get(record_key(5)))
-        txn.put(record_key(5), good[:24] + bad[24:])  # the bool record's bound header with the uint8 payload
-    env.close()
+    shard = out / "shard-00000.lmdb"
+    good = read_records(shard)[5]
+    replace_record(shard, 5, good[:24] + bad[24:])  # the bool record's bound header with the uint8 payload
     rehash(out)
     with pytest.raises(CorruptRecordError, match=r"record 5: field 0: bool element 1 holds byte 2, not 0 or 1"):
         LOADERS[how](out)

@@ -71,7 +71,7 @@ def test_a_native_loader_resumes_where_it_was_pickled(legacy):
     assert isinstance(loader, fastload.ShardLoader) and loader.backend == "native"
     assert (state["epoch"], state["position"]) == (0, 8)
     new = loader.state_dict()  # a state of today also records the augmentation (none here)
-    assert {**{k: new[k] for k in state}, "format_version": 2} == state  # states now say format 3: the same positions
+    assert {**{k: new[k] for k in state}, "format_version": 2} == state  # states now say format 4: the same positions
     assert {k: new[k] for k in new.keys() - state.keys()} == {"transforms": [], "layout": None, "batch_transform": None}
     fresh = fastload.ShardLoader("dataset", batch_size=4, shuffle=True, seed=7, num_threads=2)
     fresh.load_state_dict(state)

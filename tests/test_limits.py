@@ -75,7 +75,7 @@ def test_slot_size_overflow_is_a_typed_error_before_any_allocation(huge_dataset,
         with pytest.raises(DatasetError, match=r"a sample of 1152921504606846976 decoded bytes does not fit in "
                                                r"this machine's memory"):
             make()
-    shards = _native.ShardSet([str(huge_dataset / "shard-00000.lmdb")], [20])
+    shards = _native.ShardSet([str(huge_dataset / "shard-00000.lmdb")], [20], [True])
     with pytest.raises(FastloadError, match=r"BatchReader: batch slot of 16 samples: size overflow"):
         _native.BatchReader(shards, [(1, 1, HUGE)], [np.dtype("u1")], [[HUGE]], [True], 16, 2,
                             max_sample_bytes=2**62)
@@ -88,7 +88,7 @@ def test_slot_size_overflow_is_a_typed_error_before_any_allocation(huge_dataset,
 def test_slot_larger_than_memory_is_refused(tmp_path):
     ds_path = tmp_path / "ds"
     fastload.write_arrays(ds_path, {"x": np.zeros((2, 4), np.uint8)})
-    shards = _native.ShardSet([str(ds_path / "shard-00000.lmdb")], [2])
+    shards = _native.ShardSet([str(ds_path / "shard-00000.lmdb")], [2], [True])
     with pytest.raises(FastloadError, match=r"batch slot of 16 samples needs 4611686018427387904 bytes, "
                                             r"more than this machine's memory"):
         _native.BatchReader(shards, [(1, 1, 2**58)], [np.dtype("u1")], [[2**58]], [True], 16, 1,
@@ -104,7 +104,7 @@ def test_native_decoders_check_their_sizes():
     with pytest.raises(FastloadError, match=r"exceeds the limit of 2147483648 bytes"):
         _native.decode_record(blob, [(1, 1, HUGE)], [np.zeros(HUGE // 2**40, np.uint8)])
     with pytest.raises(FastloadError, match=r"schema: sample size: size overflow"):
-        _native.BatchReader(_native.ShardSet([], []), [(1, 2, 2**63), (1, 2, 2**63)], [np.dtype("<u2")] * 2,
+        _native.BatchReader(_native.ShardSet([], [], []), [(1, 2, 2**63), (1, 2, 2**63)], [np.dtype("<u2")] * 2,
                             [[2**62], [2**62]], [True, True], 1, 1)
     with pytest.raises(ValueError, match=r"field 0's shape and dtype make 8 bytes, its decoded size is 4"):
-        _native.BatchReader(_native.ShardSet([], []), [(0, 1, 4)], [np.dtype("u1")], [[8]], [True], 1, 1)
+        _native.BatchReader(_native.ShardSet([], [], []), [(0, 1, 4)], [np.dtype("u1")], [[8]], [True], 1, 1)

@@ -99,7 +99,7 @@ def test_a_written_shard_is_mapped_in_2_mib_pieces(tmp_path):
         pytest.skip("this kernel or filesystem does not keep files in 2 MiB page-cache folios "
                     "(ext4 from Linux 6.16, XFS): there is nothing to gain here")
     out = tmp_path / "ds"
-    fastload.write_arrays(out, {"x": np.arange(3 * 2**20, dtype=np.uint8).reshape(-1, 4096)})
+    fastload.write_arrays(out, {"x": np.arange(6 * 2**20, dtype=np.uint8).reshape(-1, 4096)})  # > 4 MiB of blocks
     shards = sorted(out.glob("shard-*.lmdb"))
     assert shards and shards[0].stat().st_size > 2 * LARGE_WRITE
     # Every whole 2 MiB piece of the shard is mapped at once (the tail below 2 MiB cannot be).

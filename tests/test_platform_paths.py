@@ -38,13 +38,13 @@ def test_non_ascii_shard_errors_name_the_file(unicode_dataset):
     shard.write_bytes(shard.read_bytes()[:5000])
     for use_native in (True, False):
         with pytest.raises(CorruptShardError, match="données 数据 Δ"):
-            validate_shard(str(shard), 30, use_native=use_native)
+            validate_shard(str(shard), 30, use_native=use_native, packed=True)
 
 
 def test_python_validator_without_o_nonblock(small_dataset, monkeypatch):
     shard = str(small_dataset / "shard-00000.lmdb")
-    expected = validate_shard(shard, 30, use_native=False)
+    expected = validate_shard(shard, 30, use_native=False, packed=True)
     monkeypatch.delattr(os, "O_NONBLOCK")
-    assert validate_shard(shard, 30, use_native=False) == expected
-    assert expected == validate_shard(shard, 30, use_native=True)
+    assert validate_shard(shard, 30, use_native=False, packed=True) == expected
+    assert expected == validate_shard(shard, 30, use_native=True, packed=True)
     assert expected["page_size"] >= 4096

@@ -18,10 +18,10 @@ import textwrap
 import zlib
 from pathlib import Path
 
-import lmdb
 import numpy as np
 import pytest
 import xxhash
+from shard_edit import read_records, replace_record
 
 import fastload
 from fastload.errors import CorruptRecordError
@@ -29,7 +29,7 @@ from fastload.format import _payload
 from fastload.format._manifest import HASH_ALGORITHM, load_manifest
 from fastload.format._verify import verify_dataset
 
-ENTRY_AT = 24  # the first field entry of a v2/v3 record: codec u8, 3 reserved, encoded u32, decoded u64, xxh3 u64
+ENTRY_AT = 24  # the first field entry of a v2-v4 record: codec u8, 3 reserved, encoded u32, decoded u64, xxh3 u64
 
 
 def chunk(kind: bytes, data: bytes, crc: int | None = None) -> bytes:
@@ -99,17 +99,14 @@ def write_with_payload(root: Path, images: np.ndarray, payload_for_0, rehash: bo
     fastload.write_arrays(root, {"x": images}, codec="png")
     field = load_manifest(root).fields[0]
     shard = root / "shard-00000.lmdb"
-    env = lmdb.open(str(shard), subdir=False, map_size=1 << 28)
-    with env.begin(write=True) as txn:
-        record = bytes(txn.get((0).to_bytes(8, "big")))
-        payload = payload_for_0(record[ENTRY_AT + 24:])
-        entry = bytearray(record[ENTRY_AT:ENTRY_AT + 24])
-        struct.pack_into("<I", entry, 4, len(payload))
-        reference = reference_decode(payload, field) if rehash else None
-        if reference is not None:  # only the decoder decides: the checksum matches the permissive decode
-            struct.pack_into("<Q", entry, 16, xxhash.xxh3_64_intdigest(reference))
-        txn.put((0).to_bytes(8, "big"), record[:ENTRY_AT] + bytes(entry) + payload)
-    env.close()
+    record = read_records(shard)[0]
+    payload = payload_for_0(record[ENTRY_AT + 24:])
+    entry = bytearray(record[ENTRY_AT:ENTRY_AT + 24])
+    struct.pack_into("<I", entry, 4, len(payload))
+    reference = reference_decode(payload, field) if rehash else None
+    if reference is not None:  # only the decoder decides: the checksum matches the permissive decode
+        struct.pack_into("<Q", entry, 16, xxhash.xxh3_64_intdigest(reference))
+    replace_record(shard, 0, record[:ENTRY_AT] + bytes(entry) + payload)  # its block re-encoded around it
     manifest = root / "manifest.json"
     doc = json.loads(manifest.read_text())
     doc["shards"][0]["bytes"] = shard.stat().st_size
@@ -173,11 +170,7 @@ def crafted_names() -> list[str]:
 
 
 def _first_payload(root: Path) -> bytes:
-    env = lmdb.open(str(root / "shard-00000.lmdb"), subdir=False, readonly=True, lock=False)
-    with env.begin() as txn:
-        record = bytes(txn.get((0).to_bytes(8, "big")))
-    env.close()
-    return record[ENTRY_AT + 24:]
+    return read_records(root / "shard-00000.lmdb")[0][ENTRY_AT + 24:]
 
 
 BOMB_SCRIPT = textwrap.dedent("""

@@ -32,10 +32,10 @@ def test_fifo_in_place_of_a_shard_is_refused_without_blocking(dataset):
     with pytest.raises(CorruptShardError, match="not a regular file"):
         fastload.ShardDataset(dataset)
     with pytest.raises(CorruptShardError, match="not a regular file"):
-        _native.ShardSet([str(shard)], [20])
+        _native.ShardSet([str(shard)], [20], [True])
     for native in (True, False):
         with pytest.raises(CorruptShardError, match="not a regular file"):
-            validate_shard(str(shard), 20, use_native=native)
+            validate_shard(str(shard), 20, use_native=native, packed=True)
     r = run_cli("fastload", "verify", str(dataset))
     assert r.returncode == 1 and "not a regular file" in r.stdout
 
@@ -46,10 +46,10 @@ def test_empty_shard_has_a_clear_message(dataset):
     with pytest.raises(CorruptShardError, match=r"the file is empty \(0 bytes\)"):
         fastload.ShardDataset(dataset)
     with pytest.raises(CorruptShardError, match=r"shard-00000.lmdb: the file is empty \(0 bytes\)"):
-        _native.ShardSet([str(shard)], [20])
+        _native.ShardSet([str(shard)], [20], [True])
     for native in (True, False):
         with pytest.raises(CorruptShardError, match=r"the file is empty \(0 bytes\)"):
-            validate_shard(str(shard), 20, use_native=native)
+            validate_shard(str(shard), 20, use_native=native, packed=True)
 
 
 def test_shard_linked_from_outside_the_dataset_needs_opt_in(dataset, tmp_path):

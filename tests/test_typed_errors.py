@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
+from shard_edit import read_blocks
 
 import fastload
 from fastload.errors import CorruptRecordError, CorruptShardError
@@ -21,9 +22,14 @@ def dataset(tmp_path) -> Path:
 
 
 def point_key_past_the_file(shard: Path, key: int) -> None:
-    """Set the overflow page number of ``key``'s leaf node beyond the file's last page (LMDB: page not found)."""
+    """Set the overflow page number of the leaf node holding record ``key`` beyond the file's last page.
+
+    LMDB would say: page not found. Format v4: LMDB key *b* is block *b*, so it is the node of ``key``'s block.
+    """
+    sizes = [len(records) for records in read_blocks(shard)]
+    block = next(b for b in range(len(sizes)) if key < sum(sizes[:b + 1]))
     data = bytearray(shard.read_bytes())
-    node = b"\x01\x00\x08\x00" + key.to_bytes(8, "big")  # flags F_BIGDATA, key size 8, the key
+    node = b"\x01\x00\x08\x00" + block.to_bytes(8, "big")  # flags F_BIGDATA, key size 8, the block's key
     at = data.find(node)
     assert at >= 0 and data.find(node, at + 1) < 0
     data[at + len(node): at + len(node) + 8] = (0xFFFFFF).to_bytes(8, "little")

@@ -12,6 +12,7 @@
 #include "bindings/bindings.h"
 #include "checked_math.h"
 #include "errors.h"
+#include "format/record_blocks.h"
 #include "format/record_decoder.h"
 #include "platform/file_mapping.h"
 #include "reader/floors.h"
@@ -33,7 +34,7 @@ class PyShardRecords {
       : specs_(to_specs(fields)), options_{verify, max_sample_bytes, version, fingerprint} {
     const GilRelease release;
     decoder_ = std::make_unique<RecordDecoder>(specs_, options_);  // checks the schema before the file is mapped
-    file_ = std::make_unique<ShardFile>(path, count);
+    file_ = std::make_unique<ShardFile>(path, count, version >= kBlockVersion);  // v4: records in blocks
   }
 
   uint64_t size() const noexcept { return file_->records(); }
@@ -111,14 +112,19 @@ uint64_t lookup_records(const ShardSet& shards, const py::array_t<uint64_t, py::
 
 void register_shards(py::module_& m) {
   py::class_<ShardSet, std::shared_ptr<ShardSet>>(m, "ShardSet", "The shards of one dataset, mapped and validated.")
-      .def(py::init([](const std::vector<std::string>& paths, const std::vector<uint64_t>& counts) {
+      .def(py::init([](const std::vector<std::string>& paths, const std::vector<uint64_t>& counts,
+                       const std::vector<bool>& packed) {
              const GilRelease release;
-             return std::make_shared<ShardSet>(paths, counts);
+             return std::make_shared<ShardSet>(paths, counts, packed);
            }),
-           py::arg("paths"), py::arg("counts"))
+           py::arg("paths"), py::arg("counts"), py::arg("packed"))
       .def_static(
-          "lazy", [](const std::vector<uint64_t>& counts) { return std::make_shared<ShardSet>(counts); },
-          py::arg("counts"), "Return a set of shards of these record counts, none opened yet: attach() opens each.")
+          "lazy",
+          [](const std::vector<uint64_t>& counts, const std::vector<bool>& packed) {
+            return std::make_shared<ShardSet>(counts, packed);
+          },
+          py::arg("counts"), py::arg("packed"),
+          "Return a set of shards of these record counts, none opened yet: attach() opens each.")
       .def(
           "attach",
           [](ShardSet& self, size_t index, const std::string& path) {
@@ -155,11 +161,11 @@ void register_shards(py::module_& m) {
         "Looks records up in the shards in one thread without decoding; returns their total bytes (a floor).");
   m.def(
       "validate_shard",
-      [](const std::string& path, uint64_t expected_records) {
+      [](const std::string& path, uint64_t expected_records, bool packed) {
         ShardLayout layout;
         {
           const GilRelease release;
-          layout = validate_shard_file(path, expected_records);
+          layout = validate_shard_file(path, expected_records, packed);
         }
         py::dict out;
         out["page_size"] = layout.page_size;
@@ -170,8 +176,9 @@ void register_shards(py::module_& m) {
         out["overflow_pages"] = layout.overflow_pages;
         return out;
       },
-      py::arg("path"), py::arg("expected_records"),
-      "Validates a shard file's whole LMDB structure (CorruptShardError if unsound); returns a summary.");
+      py::arg("path"), py::arg("expected_records"), py::arg("packed") = false,
+      "Validates a shard file's whole LMDB structure, and with packed (format v4) its blocks (CorruptShardError if "
+      "unsound); returns a summary.");
 }
 
 }  // namespace fastload::bindings

@@ -144,7 +144,7 @@ class Validator {
     return m;
   }
 
-  void check_last_page(const Meta& m, int index, bool used) const {
+  void check_last_page(const Meta& m, int index, bool used) {
     const std::string name = "meta page " + std::to_string(index);
     uint64_t pages = 0, bytes = 0;
     if (m.last_page < 1 || !checked_add(m.last_page, uint64_t{1}, &pages) ||
@@ -160,7 +160,12 @@ class Validator {
       if (db.root != kInvalidPage && (db.root < 2 || db.root > m.last_page)) fail(name + ": root page out of range");
       return;
     }
-    if (db.entries != expected_) {
+    if (expected_ == kAnyEntryCount) {  // v4: the entries are blocks, as many as the file says (at least one)
+      if (db.entries == 0 || db.entries == kAnyEntryCount) {
+        fail_plain("holds " + std::to_string(db.entries) + " blocks");
+      }
+      expected_ = db.entries;
+    } else if (db.entries != expected_) {
       fail_plain("holds " + std::to_string(db.entries) + " records, the manifest says " + std::to_string(expected_));
     }
     if (expected_ == 0) {

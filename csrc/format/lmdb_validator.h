@@ -65,8 +65,12 @@ struct ShardLayout {
 // size. Readers check this before mapping the file.
 constexpr uint64_t kMinShardBytes = 2 * 4096;
 
+// `expected_records` for a shard whose entries are not records but blocks of them (format v4,
+// record_blocks.h): any number of entries, at least one, as the used meta page says.
+constexpr uint64_t kAnyEntryCount = ~uint64_t{0};
+
 // Validates the `size` bytes at `data` (a whole shard file) for a shard that
-// must hold `expected_records` records. `path` only names the file in errors.
+// must hold `expected_records` records (entries; or kAnyEntryCount). `path` only names the file in errors.
 // With RunHeaders::when_read the overflow runs' headers are left to
 // run_header_ok(), which the caller must apply before it reads a record.
 ShardLayout validate_lmdb(const uint8_t* data, uint64_t size, uint64_t expected_records, const std::string& path,

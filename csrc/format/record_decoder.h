@@ -38,7 +38,7 @@ enum class Codec : uint8_t { kRaw = 0, kZstd = 1, kZstdShuffle = 2, kLz4 = 3, kL
 constexpr int kLastCodec = 6;
 
 constexpr uint32_t kRecordMagic = 0x43524C46u;  // bytes "FLRC"
-constexpr uint16_t kRecordVersion = 3;            // what writers write; readers also take 1 and 2
+constexpr uint16_t kRecordVersion = 4;            // what writers write; readers also take 1 to 3
 constexpr size_t kRecordHeaderBytesV1 = 8;        // magic, version, field count
 constexpr size_t kRecordHeaderBytes = 24;         // v2, v3 add the key and the (binding) fingerprint
 constexpr size_t kFieldEntryBytes = 24;

@@ -9,6 +9,7 @@
 
 #include "checked_math.h"
 #include "errors.h"
+#include "format/record_blocks.h"
 #include "platform/platform.h"
 
 namespace fastload {
@@ -40,20 +41,27 @@ class ThreadJoiner {
 
 }  // namespace
 
-ShardFile::ShardFile(std::string path, uint64_t expected_records)
+ShardFile::ShardFile(std::string path, uint64_t expected_records, bool packed)
     : path_(std::move(path)), mapping_(std::make_unique<FileMapping>(path_)) {
   {
     const MappedReadScope reading(*mapping_);
     try {
-      layout_ = validate_lmdb(mapping_->data(), mapping_->size(), expected_records, path_, RunHeaders::when_read);
+      layout_ = validate_lmdb(mapping_->data(), mapping_->size(), packed ? kAnyEntryCount : expected_records, path_,
+                              RunHeaders::when_read);
+      if (packed) {  // v4: the entries are blocks; their headers and indexes give each record's span
+        spans_ = unpack_blocks(mapping_->data(), layout_.records, layout_.page_size, expected_records, kBlockVersion,
+                               path_);
+      } else {
+        spans_ = std::move(layout_.records);
+      }
     } catch (const CorruptShardError&) {
       mapping_->check_unchanged_after_error(path_);  // a walk over a changed file fails: say why
       throw;
     }
   }
   mapping_->check_unchanged(path_);
-  spans_ = std::move(layout_.records);
   layout_.records.clear();
+  layout_.records.shrink_to_fit();
   map_ = mapping_->data();
 }
 
@@ -70,13 +78,15 @@ void ShardFile::throw_bad_run(uint64_t key) const {
   throw CorruptRecordError(path_, key, problem);
 }
 
-ShardLayout validate_shard_file(const std::string& path, uint64_t expected_records) {
+ShardLayout validate_shard_file(const std::string& path, uint64_t expected_records, bool packed) {
   const FileMapping mapping(path);
   ShardLayout layout;
   {
     const MappedReadScope reading(mapping);
     try {
-      layout = validate_lmdb(mapping.data(), mapping.size(), expected_records, path);
+      layout = validate_lmdb(mapping.data(), mapping.size(), packed ? kAnyEntryCount : expected_records, path);
+      if (packed) static_cast<void>(unpack_blocks(mapping.data(), layout.records, layout.page_size, expected_records,
+                                                  kBlockVersion, path));
     } catch (const CorruptShardError&) {
       mapping.check_unchanged_after_error(path);  // a walk over a changed file fails: say why
       throw;
@@ -88,9 +98,12 @@ ShardLayout validate_shard_file(const std::string& path, uint64_t expected_recor
   return layout;
 }
 
-ShardSet::ShardSet(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts)
-    : files_(counts.size()), owned_(counts.size()) {
-  if (paths.size() != counts.size()) throw FastloadError("ShardSet: paths and counts differ in length");
+ShardSet::ShardSet(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts,
+                   const std::vector<bool>& packed)
+    : files_(counts.size()), owned_(counts.size()), packed_(packed) {
+  if (paths.size() != counts.size() || packed.size() != counts.size()) {
+    throw FastloadError("ShardSet: paths, counts and packed differ in length");
+  }
   set_counts(counts);
   open_all(paths, counts);
   for (size_t i = 0; i < paths.size(); ++i) files_[i].store(owned_[i].get(), std::memory_order_release);
@@ -107,7 +120,7 @@ void ShardSet::open_all(const std::vector<std::string>& paths, const std::vector
   const auto open_some = [&]() noexcept {
     for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
       try {
-        owned_[i] = std::make_unique<ShardFile>(paths[i], counts[i]);
+        owned_[i] = std::make_unique<ShardFile>(paths[i], counts[i], packed_[i]);
       } catch (...) {
         errors[i] = std::current_exception();
         next.store(n);
@@ -131,8 +144,9 @@ void ShardSet::open_all(const std::vector<std::string>& paths, const std::vector
   }
 }
 
-ShardSet::ShardSet(const std::vector<uint64_t>& counts)
-    : files_(counts.size()), owned_(counts.size()), pins_(counts.size(), 0), lazy_(true) {
+ShardSet::ShardSet(const std::vector<uint64_t>& counts, const std::vector<bool>& packed)
+    : files_(counts.size()), owned_(counts.size()), pins_(counts.size(), 0), lazy_(true), packed_(packed) {
+  if (packed.size() != counts.size()) throw FastloadError("ShardSet: counts and packed differ in length");
   set_counts(counts);
   for (auto& file : files_) file.store(nullptr, std::memory_order_relaxed);
 }
@@ -166,7 +180,7 @@ void ShardSet::attach(size_t i, const std::string& path) {
                         std::to_string(files_.size()) + " shards");
   }
   if (attached(i)) return;
-  auto file = std::make_unique<ShardFile>(path, offsets_[i + 1] - offsets_[i]);  // validates, outside the lock
+  auto file = std::make_unique<ShardFile>(path, offsets_[i + 1] - offsets_[i], packed_[i]);  // validates, unlocked
   const std::lock_guard<std::mutex> lock(attach_mutex_);
   if (owned_[i] != nullptr) return;  // attached meanwhile by another thread: keep the first
   owned_[i] = std::move(file);

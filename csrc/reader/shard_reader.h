@@ -55,7 +55,8 @@ namespace fastload {
 
 class ShardFile {
  public:
-  ShardFile(std::string path, uint64_t expected_records);
+  // `packed`: a format v4 shard, whose LMDB entries are blocks of records (format/record_blocks.h).
+  ShardFile(std::string path, uint64_t expected_records, bool packed);
   ~ShardFile();
   ShardFile(const ShardFile&) = delete;
   ShardFile& operator=(const ShardFile&) = delete;
@@ -105,9 +106,10 @@ class ShardSet {
   // Eager: opens and validates every shard now, several at once (up to 8
   // threads, no more than the CPUs, all joined before it returns or throws);
   // throws the error of the lowest shard that fails, as opening them in order.
-  ShardSet(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts);
+  // packed[i]: shard i is a format v4 shard (blocks of records).
+  ShardSet(const std::vector<std::string>& paths, const std::vector<uint64_t>& counts, const std::vector<bool>& packed);
   // Lazy: shards of these record counts, none opened; attach() opens each.
-  explicit ShardSet(const std::vector<uint64_t>& counts);
+  ShardSet(const std::vector<uint64_t>& counts, const std::vector<bool>& packed);
 
   size_t size() const noexcept { return files_.size(); }
   uint64_t total_records() const noexcept { return offsets_.back(); }
@@ -152,11 +154,12 @@ class ShardSet {
   mutable std::mutex attach_mutex_;
   bool lazy_ = false;
   std::vector<uint64_t> offsets_;  // offsets_[i] = first global index of shard i
+  std::vector<bool> packed_;       // per shard: format v4 (blocks of records)
 };
 
 // Maps `path` and validates it as a shard of `expected_records` records;
 // returns the layout (used by `fastload verify` and ShardDataset before they
 // let py-lmdb open the file). Throws as ShardFile's constructor.
-ShardLayout validate_shard_file(const std::string& path, uint64_t expected_records);
+ShardLayout validate_shard_file(const std::string& path, uint64_t expected_records, bool packed = false);
 
 }  // namespace fastload

@@ -161,7 +161,7 @@ void test_schema_sizes_are_checked() {
 
 // Issue 10's overflow: shape [2**60] uint8 in batches of 16 wrapped the slot size to 128 bytes.
 void test_batch_slot_size_is_checked() {
-  auto shards = std::make_shared<const ShardSet>(std::vector<std::string>{}, std::vector<uint64_t>{});
+  auto shards = std::make_shared<const ShardSet>(std::vector<std::string>{}, std::vector<uint64_t>{}, std::vector<bool>{});
   auto refused = [&](uint64_t decoded, size_t capacity, uint64_t max_sample) {
     ReaderOptions options;
     options.batch_capacity = capacity;

@@ -82,6 +82,9 @@ std::vector<std::string> shard_paths(const fs::path& dataset) {
 
 std::vector<uint64_t> shard_counts() { return {kPerShard, kPerShard, kSamples - 2 * kPerShard}; }
 
+// The datasets of scripts/cross_test_shards.py are format v4: every shard holds blocks of records.
+std::vector<bool> packed(size_t shards = 3) { return std::vector<bool>(shards, true); }
+
 // True when sample `i`'s decoded image and label are the expected values.
 bool sample_ok(uint64_t i, const uint8_t* image, const uint8_t* label) {
   for (uint64_t j = 0; j < kImageElems; ++j) {
@@ -146,7 +149,7 @@ uint64_t count_good_samples(const ShardSet& shards) {
 
 // Every sample read by 4 threads in the epoch order of `order`, checked value by value.
 void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& order) {
-  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts(), packed());
   CHECK(shards->total_records() == kSamples);
   ReaderOptions options;
   options.batch_capacity = 32;
@@ -199,7 +202,7 @@ void test_planned_read(const fs::path& dir, const std::vector<uint64_t>& order) 
   std::ifstream in(dir / "order.txt");
   uint64_t seed = 0, epoch = 0, n = 0;
   in >> seed >> epoch >> n;
-  auto shards = std::make_shared<const ShardSet>(shard_paths(dir / "dataset"), shard_counts());
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dir / "dataset"), shard_counts(), packed());
   for (const bool by_position : {true, false}) {
     BatchReader reader(shards, kFields, reader_options(*shards, 32, 3));
     reader.set_window(4, 2);
@@ -299,7 +302,7 @@ void test_planned_read(const fs::path& dir, const std::vector<uint64_t>& order) 
   options.batch_capacity = 4;
   options.shard_fingerprints = written_fingerprints(*shards);
   const auto paths = shard_paths(dir / "dataset");
-  auto lazy = std::make_shared<ShardSet>(shard_counts());
+  auto lazy = std::make_shared<ShardSet>(shard_counts(), packed());
   for (size_t i = 0; i + 1 < paths.size(); ++i) lazy->attach(i, paths[i]);
   BatchReader lazy_reader(lazy, kFields, options);
   bool refused = false;
@@ -337,7 +340,7 @@ void test_rank_plan_read(const fs::path& dir, const std::vector<uint64_t>& order
   std::ifstream in(dir / "order.txt");
   uint64_t seed = 0, epoch = 0, n = 0;
   in >> seed >> epoch >> n;
-  auto shards = std::make_shared<const ShardSet>(shard_paths(dir / "dataset"), shard_counts());
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dir / "dataset"), shard_counts(), packed());
   CHECK(refuses([] { RankPlan(0, 10, 0, 0, 10, 4); }));   // world_size 0
   CHECK(refuses([] { RankPlan(0, 10, 3, 3, 4, 4); }));    // rank outside the world
   CHECK(refuses([] { RankPlan(0, 10, 0, 1, 10, 0); }));   // batch_size 0
@@ -413,7 +416,7 @@ void test_rank_plan_read(const fs::path& dir, const std::vector<uint64_t>& order
   options.batch_capacity = 4;
   options.shard_fingerprints = written_fingerprints(*shards);
   const auto paths = shard_paths(dir / "dataset");
-  auto lazy = std::make_shared<ShardSet>(shard_counts());
+  auto lazy = std::make_shared<ShardSet>(shard_counts(), packed());
   lazy->attach(0, paths[0]);
   BatchReader lazy_reader(lazy, kFields, options);
   CHECK(refuses([&] { lazy_reader.plan_positions(RankPlan(0, 4, 0, 1, 4, 4), 0, 1); }));
@@ -426,7 +429,7 @@ void test_rank_plan_read(const fs::path& dir, const std::vector<uint64_t>& order
 // (which wakes it at once), each wait_next() that found its batch unfinished
 // returns with the next five of a window of 8 ready too, and nothing is lost.
 void test_consumer_waits_for_most_of_the_window(const fs::path& dataset) {
-  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts(), packed());
   BatchReader reader(shards, kFields, reader_options(*shards, 4, 1));  // 1 thread: batches finish in order
   reader.set_window(8, 8);
   std::vector<std::vector<uint8_t>> memory(10, std::vector<uint8_t>(reader.slot_bytes()));
@@ -452,7 +455,7 @@ void test_consumer_waits_for_most_of_the_window(const fs::path& dataset) {
 // wait_next(0) takes a batch already complete and returns nullopt at once for
 // one still being read (the binding's take with the GIL held), losing nothing.
 void test_wait_next_without_a_wait(const fs::path& dataset) {
-  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts(), packed());
   BatchReader reader(shards, kFields, reader_options(*shards, 4, 1));
   reader.set_window(2, 2);
   std::vector<std::vector<uint8_t>> memory(3, std::vector<uint8_t>(reader.slot_bytes()));
@@ -478,7 +481,7 @@ void test_wait_next_without_a_wait(const fs::path& dataset) {
 // attached from several threads at once (each twice) read as the eager set.
 void test_lazy_attach(const fs::path& dataset) {
   const auto paths = shard_paths(dataset);
-  ShardSet lazy(shard_counts());
+  ShardSet lazy(shard_counts(), packed());
   CHECK(lazy.size() == paths.size() && lazy.total_records() == kSamples && !lazy.attached(0));
   bool refused = false;
   try {
@@ -510,13 +513,13 @@ void test_lazy_attach(const fs::path& dataset) {
 // shard is attached again. Readers racing detach/attach never crash.
 void test_detach_pinned(const fs::path& dataset) {
   const auto paths = shard_paths(dataset);
-  auto lazy = std::make_shared<ShardSet>(shard_counts());
-  CHECK(lazy->lazy() && !ShardSet(paths, shard_counts()).lazy());
+  auto lazy = std::make_shared<ShardSet>(shard_counts(), packed());
+  CHECK(lazy->lazy() && !ShardSet(paths, shard_counts(), packed()).lazy());
   for (size_t i = 0; i < paths.size(); ++i) lazy->attach(i, paths[i]);
   ReaderOptions options;
   options.batch_capacity = 4;
   options.num_threads = 2;
-  options.shard_fingerprints = written_fingerprints(ShardSet(paths, shard_counts()));
+  options.shard_fingerprints = written_fingerprints(ShardSet(paths, shard_counts(), packed()));
   BatchReader reader(lazy, kFields, options);
   std::vector<uint8_t> memory(reader.slot_bytes() * 2);
   reader.pool()->add(memory.data(), reader.slot_bytes(), nullptr);
@@ -535,7 +538,7 @@ void test_detach_pinned(const fs::path& dataset) {
   CHECK(reader.wait_next(std::chrono::milliseconds(60000)).has_value());
   bool eager_refused = false;
   try {
-    ShardSet(paths, shard_counts()).detach(0);
+    ShardSet(paths, shard_counts(), packed()).detach(0);
   } catch (const FastloadError&) {
     eager_refused = true;
   }
@@ -569,10 +572,10 @@ void test_detach_pinned(const fs::path& dataset) {
 // position; with the fingerprints in the swapped order they read again.
 void test_swapped_shards_refused(const fs::path& dataset) {
   const auto paths = shard_paths(dataset);
-  const auto expected = written_fingerprints(ShardSet(paths, shard_counts()));
+  const auto expected = written_fingerprints(ShardSet(paths, shard_counts(), packed()));
   CHECK(expected[0] != expected[1]);
   auto swapped = std::make_shared<const ShardSet>(std::vector<std::string>{paths[1], paths[0], paths[2]},
-                                                  shard_counts());
+                                                  shard_counts(), packed());
   for (bool fixed : {false, true}) {
     ReaderOptions options;
     options.batch_capacity = 4;
@@ -606,7 +609,7 @@ void test_swapped_shards_refused(const fs::path& dataset) {
 // by the consumer come back when released, and are not written before); a pool
 // of another slot size is not taken.
 void test_pool_carried_over(const fs::path& dataset) {
-  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts(), packed());
   ReaderOptions options;
   options.batch_capacity = 8;
   options.num_threads = 3;
@@ -707,7 +710,7 @@ void test_codecs(const fs::path& dir) {
   in.read(reinterpret_cast<char*>(photo.data()), static_cast<std::streamsize>(photo.size()));
   CHECK(in.gcount() == static_cast<std::streamsize>(photo.size()));
   auto shards = std::make_shared<const ShardSet>(std::vector<std::string>{utf8(dir / "codecs" / "shard-00000.lmdb")},
-                                                 std::vector<uint64_t>{n});
+                                                 std::vector<uint64_t>{n}, packed(1));
   ReaderOptions options;
   options.batch_capacity = n;
   options.num_threads = 2;
@@ -776,7 +779,7 @@ void test_damaged_copies(const fs::path& dataset, const fs::path& scratch) {
     write(std::vector<uint8_t>(bytes.begin(), bytes.begin() + static_cast<long>(cut)));
     ++truncations;
     try {
-      ShardFile shard(utf8(damaged), kPerShard);
+      ShardFile shard(utf8(damaged), kPerShard, true);
     } catch (const CorruptShardError&) {
       ++refused;
     }
@@ -791,7 +794,7 @@ void test_damaged_copies(const fs::path& dataset, const fs::path& scratch) {
     write(b);
     ++flips;
     try {
-      const ShardSet shards({utf8(damaged)}, {kPerShard});
+      const ShardSet shards({utf8(damaged)}, {kPerShard}, packed(1));
       if (count_good_samples(shards) != kPerShard) ++wrong;
     } catch (const CorruptShardError&) {
     } catch (const CorruptRecordError&) {
@@ -811,7 +814,7 @@ void test_damaged_copies(const fs::path& dataset, const fs::path& scratch) {
   for (int run = 0; run < 20; ++run) {
     std::string message;
     try {
-      const ShardSet shards(paths, std::vector<uint64_t>(paths.size(), kPerShard));
+      const ShardSet shards(paths, std::vector<uint64_t>(paths.size(), kPerShard), packed(paths.size()));
     } catch (const CorruptShardError& e) {
       message = e.what();
     }
@@ -820,7 +823,7 @@ void test_damaged_copies(const fs::path& dataset, const fs::path& scratch) {
   paths[4] = first;  // the other bad one alone: found too, whichever thread opens it
   bool later_refused = false;
   try {
-    const ShardSet shards(paths, std::vector<uint64_t>(paths.size(), kPerShard));
+    const ShardSet shards(paths, std::vector<uint64_t>(paths.size(), kPerShard), packed(paths.size()));
   } catch (const CorruptShardError& e) {
     later_refused = std::string(e.what()).find("damaged-later.lmdb") != std::string::npos;
   }
@@ -836,7 +839,7 @@ void test_shrunk_while_mapped(const fs::path& dataset, const fs::path& scratch) 
   fs::copy_file(shard_paths(dataset)[0], copy, fs::copy_options::overwrite_existing);
   const uint64_t full = fs::file_size(copy);
   auto shards = std::make_shared<const ShardSet>(std::vector<std::string>{utf8(copy)},
-                                                 std::vector<uint64_t>{kPerShard});
+                                                 std::vector<uint64_t>{kPerShard}, packed(1));
   ReaderOptions options;
   options.batch_capacity = kPerShard;
   options.num_threads = 2;
@@ -886,7 +889,7 @@ void test_file_system(const fs::path& dataset, const fs::path& scratch) {
     times.push_back(fs::last_write_time(from_utf8(p)));
   }
   {
-    const ShardSet shards(paths, shard_counts());
+    const ShardSet shards(paths, shard_counts(), packed());
     CHECK(count_good_samples(shards) == kSamples);
   }
   for (size_t s = 0; s < paths.size(); ++s) {
@@ -971,8 +974,8 @@ void test_windows_paths(const fs::path& dataset) {
     lower.push_back(l);
   }
   CHECK(paths[0].find('\\') != std::string::npos);
-  CHECK(count_good_samples(ShardSet(slashed, shard_counts())) == kSamples);
-  CHECK(count_good_samples(ShardSet(lower, shard_counts())) == kSamples);
+  CHECK(count_good_samples(ShardSet(slashed, shard_counts(), packed())) == kSamples);
+  CHECK(count_good_samples(ShardSet(lower, shard_counts(), packed())) == kSamples);
   bool invalid_utf8 = false;
   try {
     FileMapping bad(paths[0] + "\xff");
@@ -1009,7 +1012,7 @@ void test_held_open(const fs::path& dataset) {
 // The Warmer: faults a buffer in and maps the shards' cached pages on its thread, leaves the contents alone,
 // stops promptly, refuses a lazy set. Where the system has no such calls (Windows) it finishes at once.
 void test_warmer(const fs::path& dataset) {
-  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts());
+  auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts(), packed());
   uint64_t shard_bytes = 0;
   for (size_t i = 0; i < shards->size(); ++i) shard_bytes += shards->shard(i).mapping().size();
   std::vector<uint8_t> buffer((size_t{5} << 20) + 4096 * 3 + 17);
@@ -1082,7 +1085,7 @@ void test_warmer(const fs::path& dataset) {
     }
   }
 #endif
-  auto lazy = std::make_shared<const ShardSet>(shard_counts());
+  auto lazy = std::make_shared<const ShardSet>(shard_counts(), packed());
   bool refused = false;
   try {
     Warmer warmer({}, lazy, UINT64_MAX);

@@ -52,6 +52,7 @@ _LAZY = {
     "create_dataloader": ".loading._helpers",
     "mix": ".loading._compose",
     "seed_everything": ".loading._helpers",
+    "upgrade_dataset": ".conversion._upgrade",
     "write_arrays": ".conversion._array_writer",
     "write_dataset": ".conversion._convert",
 }
@@ -84,6 +85,7 @@ __all__ = [
     "create_dataloader",
     "mix",
     "seed_everything",
+    "upgrade_dataset",
     "write_arrays",
     "write_dataset",
 ]
@@ -112,6 +114,7 @@ if TYPE_CHECKING:
     from . import weights as weights
     from .conversion._array_writer import write_arrays
     from .conversion._convert import write_dataset
+    from .conversion._upgrade import upgrade_dataset
     from .format._record import Field
     from .loading._compose import ConcatShardDataset, MixedShardDataset, concat, mix
     from .loading._datamodule import ShardDataModule

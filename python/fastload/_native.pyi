@@ -43,8 +43,8 @@ def library_decode(codec: int, blob: ArrayLike, offsets: ArrayLike, out: ArrayLi
 def lookup_records(shards: ShardSet, indices: ArrayLike) -> int:
     """Look records up in the shards in one thread without decoding; return their total bytes (a floor)."""
 
-def validate_shard(path: str, expected_records: int) -> dict[str, int]:
-    """Validate a shard file's whole LMDB structure (CorruptShardError if unsound); return a summary."""
+def validate_shard(path: str, expected_records: int, packed: bool = False) -> dict[str, int]:
+    """Validate a shard file's whole LMDB structure, and with ``packed`` (format v4) its blocks; return a summary."""
 
 def begin_step() -> None:
     """Mark the start of a loader step (one next()) on this thread; at interpreter exit another thread parks here."""
@@ -55,9 +55,9 @@ def end_step() -> None:
 class ShardSet:
     """The shards of one dataset, mapped and validated."""
 
-    def __init__(self, paths: Sequence[str], counts: Sequence[int]) -> None: ...
+    def __init__(self, paths: Sequence[str], counts: Sequence[int], packed: Sequence[bool]) -> None: ...
     @staticmethod
-    def lazy(counts: Sequence[int]) -> ShardSet:
+    def lazy(counts: Sequence[int], packed: Sequence[bool]) -> ShardSet:
         """Return a set of shards of these record counts, none opened yet: attach() opens each."""
     def attach(self, index: int, path: str) -> None:
         """Open and validate ``path`` as shard ``index`` (once; a second attach keeps the first)."""
@@ -100,7 +100,7 @@ class BatchReader:
     def __init__(self, shards: ShardSet, fields: Sequence[FieldTuple], dtypes: Sequence[np.dtype],
                  shapes: Sequence[Sequence[int]], decode: Sequence[bool], batch_capacity: int, num_threads: int,
                  verify: bool = True, transforms: Sequence[StepTuple] = (),
-                 num_params: int = 0, max_sample_bytes: int = ..., record_version: int = 3,
+                 num_params: int = 0, max_sample_bytes: int = ..., record_version: int = 4,
                  schema_fingerprint: int = 0, shard_fingerprints: Sequence[int] = (),
                  pool: SlotPool | None = None) -> None: ...
     @property

@@ -19,6 +19,7 @@ import lmdb
 import xxhash
 
 from ..errors import ArgumentError, SchemaMismatchError
+from ..format._blocks import BLOCK_VERSION, pack_blocks
 from ..format._manifest import ShardInfo, file_hash, fsync_dir
 from ..format._manifest_check import shard_name
 from ..format._page_cache import REWRITE_SHARDS, copy_hashed
@@ -59,15 +60,18 @@ def write_shard(directory: str | os.PathLike, index: int, records: Sequence[byte
                 binding: tuple[Sequence[Field], str] | None = None, durable: bool = True) -> ShardInfo:
     """Write ``records`` (keys 0..n-1) as shard ``index`` in ``directory`` and return its entry.
 
+    Records of format v4 are packed into blocks (format/_blocks.py): LMDB key *b* holds block *b*; older
+    records (written by tests and ``fastload upgrade``'s checks) are stored one per key.
     Each v2 or v3 record is bound to its key here (:func:`bind_key`), and each v3 record
     to its dataset and this shard's index: ``binding`` is (schema, dataset id), required
     for v3 records. With ``durable`` the file and the directory are fsynced before the
     shard is returned; without, the caller makes it durable (or uploads it and deletes it).
     """
     fingerprint, schema = None, b""
-    if records and records[0][4:6] == FORMAT_VERSION.to_bytes(2, "little"):
+    version = int.from_bytes(records[0][4:6], "little") if records else FORMAT_VERSION
+    if version >= 3:
         if binding is None:
-            raise ArgumentError(f"shard {index}: format {FORMAT_VERSION} records need (schema, dataset id) to bind to")
+            raise ArgumentError(f"shard {index}: format {version} records need (schema, dataset id) to bind to")
         schema_fp = schema_fingerprint(binding[0])
         schema, fingerprint = schema_fp.to_bytes(8, "little"), binding_fingerprint(schema_fp, binding[1], index)
     directory = Path(directory)
@@ -81,12 +85,19 @@ def write_shard(directory: str | os.PathLike, index: int, records: Sequence[byte
     env = lmdb.open(str(build), subdir=False, map_size=_map_size(records), lock=False, sync=False,
                     metasync=False, readahead=False, meminit=True, max_dbs=0)
     try:
+        bound = []
+        for key, record in enumerate(records):
+            if record[4:6] != records[0][4:6]:
+                own = int.from_bytes(record[4:6], "little")
+                raise ArgumentError(f"shard {index} record {key}: record version {own} among version {version} records")
+            if schema and record[16:24] != schema:  # the binding replaces the schema fingerprint: check it first
+                raise SchemaMismatchError(f"shard {index} record {key}: encoded for another schema than the "
+                                          "dataset's")
+            bound.append(bind_key(record, key, fingerprint))
+        values = pack_blocks(bound, version) if version >= BLOCK_VERSION else bound  # v4: records in blocks
         with env.begin(write=True) as txn:
-            for key, record in enumerate(records):
-                if schema and record[16:24] != schema:  # the binding replaces the schema fingerprint: check it first
-                    raise SchemaMismatchError(f"shard {index} record {key}: encoded for another schema than the "
-                                              "dataset's")
-                txn.put(record_key(key), bind_key(record, key, fingerprint), append=True)
+            for key, value in enumerate(values):
+                txn.put(record_key(key), value, append=True)
         env.copy(str(compacted if REWRITE_SHARDS else tmp), compact=True)
     finally:
         env.close()

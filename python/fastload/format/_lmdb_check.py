@@ -5,6 +5,12 @@ process inside liblmdb. ``validate_shard`` checks the whole structure first,
 with the native validator (``csrc/format/lmdb_validator.h``, which documents every
 check) when the extension is built and with ``python_walk``, the same checks in
 pure Python, otherwise. Both raise ``CorruptShardError`` with the same reasons.
+
+A format v4 shard (``packed``) holds blocks of records (format/_blocks.py): its LMDB
+entries are as many blocks as its meta page says (at least one), and each block's
+header and index are then checked as ``csrc/format/record_blocks.cpp`` checks them,
+in the same order and with the same messages ("block 3: ..."), the records of all
+blocks adding up to the manifest's count.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import struct
 from typing import Any
 
 from ..errors import CorruptShardError, ShardNotFoundError
+from ._blocks import BLOCK_VERSION, BlockError, unpack_block
 
 MAGIC, DATA_VERSION = 0xBEEFC0DE, 1
 PAGE_HEADER, NODE_HEADER, KEY_BYTES = 16, 8, 8
@@ -26,6 +33,7 @@ MAX_DEPTH = 32
 MIN_PAGE, MAX_PAGE = 4096, 32768
 MIN_SHARD_BYTES = 2 * MIN_PAGE
 ENV_FLAGS_REQUIRED, ENV_FLAGS_ALLOWED = 0x0008, 0x0008 | 0x4000
+ANY_ENTRY_COUNT = 2**64 - 1  # the native kAnyEntryCount: a v4 shard's entries are blocks, as many as it says
 
 
 class _Corrupt(Exception):
@@ -68,7 +76,8 @@ def _meta(b: Any, offset: int, index: int) -> dict[str, Any]:
     return {"psize": psize, "main": main, "last_page": last_page, "txnid": txnid}
 
 
-def _check_last_page(m: dict[str, Any], index: int, used: bool, size: int, expected: int) -> None:
+def _check_last_page(m: dict[str, Any], index: int, used: bool, size: int, expected: int) -> int:
+    """Check one meta page's last page and, for the used one, its database; return the entries to walk."""
     name = f"meta page {index}"
     last = m["last_page"]
     needed = (last + 1) * m["psize"]
@@ -80,25 +89,32 @@ def _check_last_page(m: dict[str, Any], index: int, used: bool, size: int, expec
     if not used:
         if root != INVALID_PAGE and not 2 <= root <= last:
             raise _Corrupt(f"{name}: root page out of range")
-        return
-    if entries != expected:
+        return expected
+    if expected == ANY_ENTRY_COUNT:  # v4: the entries are blocks, as many as the file says (at least one)
+        if entries in (0, ANY_ENTRY_COUNT):
+            raise _Corrupt(f"holds {entries} blocks", plain=True)
+        expected = entries
+    elif entries != expected:
         raise _Corrupt(f"holds {entries} records, the manifest says {expected}", plain=True)
     if expected == 0:
         if root != INVALID_PAGE or depth != 0:
             raise _Corrupt(f"{name}: an empty database with a root page")
-        return
+        return expected
     if not 2 <= root <= last:
         raise _Corrupt(f"{name}: root page {root} is not in [2, {last}]")
     if not 1 <= depth <= MAX_DEPTH:
         raise _Corrupt(f"{name}: tree depth {depth}")
+    return expected
 
 
 class _Walk:
-    def __init__(self, b: Any, psize: int, last_page: int) -> None:
+    def __init__(self, b: Any, psize: int, last_page: int, keep_values: bool = False) -> None:
         self.b, self.psize, self.last = b, psize, last_page
         self.used = bytearray(last_page + 1)
         self.next_key = 0
         self.branch = self.leaf = self.overflow = 0
+        self.keep_values = keep_values
+        self.values: list[tuple[int, int]] = []  # with keep_values, per key: (file offset, size) of its value
 
     def page(self, pgno: int, what: str) -> int:
         if not 2 <= pgno <= self.last:
@@ -183,9 +199,15 @@ class _Walk:
             if nflags == BIGDATA:
                 if data_off + 8 > self.psize:
                     raise _Corrupt(f"{where}: overflow page number outside the page")
-                self.overflow_run(struct.unpack_from("<Q", self.b, p + data_off)[0], dsize, where)
+                run = struct.unpack_from("<Q", self.b, p + data_off)[0]
+                self.overflow_run(run, dsize, where)
+                value = run * self.psize + PAGE_HEADER
             elif data_off + dsize > self.psize:
                 raise _Corrupt(f"{where}: value of {dsize} bytes runs past the page")
+            else:
+                value = p + data_off
+            if self.keep_values:
+                self.values.append((value, dsize))
             self.next_key += 1
 
     def overflow_run(self, pgno: int, dsize: int, where: str) -> None:
@@ -202,8 +224,36 @@ class _Walk:
         self.overflow += pages
 
 
-def python_walk(b: Any, expected: int) -> dict[str, int]:
-    """Validate the bytes of a whole shard file in pure Python; raise ``_Corrupt`` on the first problem."""
+def check_blocks(b: Any, values: list[tuple[int, int]], expected: int, version: int = BLOCK_VERSION) -> None:
+    """Check the blocks of a v4 shard, whose LMDB values lie at ``values`` (file offset, size) in ``b``.
+
+    Raises ``_Corrupt`` (plain: "block B: ...") on the first problem: each block as ``_blocks.unpack_block``
+    checks it (the native ``unpack_blocks``' checks and messages), then the blocks' records adding up to
+    ``expected``. Each block's overflow run header was checked by the walk (as the native validator's
+    RunHeaders::now).
+    """
+    key, problem = 0, ""
+    with memoryview(b) as view:  # released before the caller closes its mapping, also on an error
+        for number, (offset, size) in enumerate(values):
+            with view[offset:offset + size] as value:
+                try:
+                    key += len(unpack_block(value, number, key, version, expected - key))
+                except BlockError as err:
+                    problem = str(err)
+            if problem:
+                break
+    if problem:
+        raise _Corrupt(problem, plain=True)
+    if key != expected:
+        raise _Corrupt(f"holds {key} records, the manifest says {expected}", plain=True)
+
+
+def python_walk(b: Any, expected: int, packed: bool = False) -> dict[str, int]:
+    """Validate the bytes of a whole shard file in pure Python; raise ``_Corrupt`` on the first problem.
+
+    With ``packed`` (format v4) the LMDB entries are blocks, as many as the file says, and ``expected``
+    is the number of records they hold (:func:`check_blocks`).
+    """
     size = len(b)
     if size == 0:
         raise _Corrupt("the file is empty (0 bytes)")
@@ -217,19 +267,22 @@ def python_walk(b: Any, expected: int) -> dict[str, int]:
     if m1["psize"] != psize:
         raise _Corrupt(f"meta pages disagree on the page size ({psize} and {m1['psize']})")
     second = m1["txnid"] > m0["txnid"]
-    _check_last_page(m0 if second else m1, 0 if second else 1, False, size, expected)
+    entries = ANY_ENTRY_COUNT if packed else expected
+    _check_last_page(m0 if second else m1, 0 if second else 1, False, size, entries)
     meta = m1 if second else m0
-    _check_last_page(meta, 1 if second else 0, True, size, expected)
+    entries = _check_last_page(meta, 1 if second else 0, True, size, entries)
     _pad, _flags, depth, n_branch, n_leaf, n_overflow, _entries, root = meta["main"]
-    walk = _Walk(b, psize, meta["last_page"])
-    if expected:
+    walk = _Walk(b, psize, meta["last_page"], keep_values=packed)
+    if entries:
         walk.run(root, depth)
-        if walk.next_key != expected:
+        if walk.next_key != entries:
             raise _Corrupt(f"the tree holds {walk.next_key} records")
         if (walk.branch, walk.leaf, walk.overflow) != (n_branch, n_leaf, n_overflow):
             raise _Corrupt(f"the database record says {n_branch}/{n_leaf}/{n_overflow} branch/leaf/overflow "
                            f"pages, the tree has {walk.branch}/{walk.leaf}/{walk.overflow}")
-    return {"page_size": psize, "last_page": meta["last_page"], "depth": depth if expected else 0,
+    if packed:
+        check_blocks(b, walk.values, expected)
+    return {"page_size": psize, "last_page": meta["last_page"], "depth": depth if entries else 0,
             "branch_pages": walk.branch, "leaf_pages": walk.leaf, "overflow_pages": walk.overflow}
 
 
@@ -257,12 +310,15 @@ def open_regular(path: str) -> int:
     return fd
 
 
-def validate_python(path: str, expected: int) -> dict[str, int]:
-    """Validate shard ``path`` with the pure-Python walk; raise ``CorruptShardError`` naming the problem."""
+def validate_python(path: str, expected: int, packed: bool = False) -> dict[str, int]:
+    """Validate shard ``path`` with the pure-Python walk; raise ``CorruptShardError`` naming the problem.
+
+    ``packed``: a format v4 shard, whose ``expected`` records lie in blocks (:func:`check_blocks`).
+    """
     fd = open_regular(path)
     try:
         with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as b:
-            return python_walk(b, expected)
+            return python_walk(b, expected, packed)
     except _Corrupt as err:
         reason = str(err) if err.plain else f"not a readable LMDB file: {err}"
         raise CorruptShardError(path, f"open: {path}: {reason}") from None
@@ -276,11 +332,15 @@ def _native_module() -> Any:
     return native
 
 
-def validate_shard(path: str, expected: int, use_native: bool | None = None) -> dict[str, int]:
-    """Validate shard ``path`` (natively when the extension is built, unless ``use_native`` says otherwise)."""
+def validate_shard(path: str, expected: int, use_native: bool | None = None, packed: bool = False) -> dict[str, int]:
+    """Validate shard ``path`` (natively when the extension is built, unless ``use_native`` says otherwise).
+
+    ``packed``: a format v4 shard (``Manifest.packed``), whose LMDB entries are blocks holding the
+    ``expected`` records; their headers and indexes are checked too.
+    """
     native = _native_module() if use_native is not False else None
     if use_native and native is None:
         raise ImportError("fastload._native is not available")
     if native is not None:
-        return dict(native.validate_shard(path, expected))
-    return validate_python(path, expected)
+        return dict(native.validate_shard(path, expected, packed))
+    return validate_python(path, expected, packed)

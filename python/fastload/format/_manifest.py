@@ -16,6 +16,7 @@ from typing import Any
 import xxhash
 
 from ..errors import ArgumentError, DatasetError
+from ._blocks import BLOCK_VERSION
 from ._manifest_check import read_manifest
 from ._record import (
     FORMAT_VERSION,
@@ -62,12 +63,25 @@ class Manifest:
 
     @property
     def fingerprint(self) -> str:
-        """Return a short hash identifying the dataset's content (schema and shard hashes)."""
+        """Return a short hash identifying the dataset's content (schema and shard hashes).
+
+        A dataset rewritten by ``fastload upgrade`` keeps its former fingerprint (``upgraded_from``): its
+        samples and their positions did not change, so loader states and ``Mosaic`` settings saved before
+        still apply.
+        """
+        upgraded = self.extra.get("upgraded_from")
+        if isinstance(upgraded, dict) and isinstance(upgraded.get("fingerprint"), str):
+            return upgraded["fingerprint"]
         h = xxhash.xxh3_64()
         h.update(json.dumps([f.to_json() for f in self.fields], sort_keys=True).encode())
         for s in self.shards:
             h.update(f"{s.file}:{s.count}:{s.hash}".encode())
         return h.hexdigest()
+
+    @property
+    def packed(self) -> bool:
+        """Return whether the shards hold blocks of records (format v4) rather than one record per key."""
+        return self.format_version >= BLOCK_VERSION
 
     def record_fingerprints(self) -> list[int]:
         """Return, per shard, the fingerprint each of its records must carry (docs/FORMAT.md).
@@ -78,7 +92,7 @@ class Manifest:
         schema = schema_fingerprint(self.fields)
         if self.format_version < 3:
             return [schema] * len(self.shards)
-        assert self.dataset_id is not None  # the manifest check requires it in v3
+        assert self.dataset_id is not None  # the manifest check requires it from v3
         return [binding_fingerprint(schema, self.dataset_id, i) for i in range(len(self.shards))]
 
     def to_json(self) -> dict:
@@ -93,7 +107,7 @@ class Manifest:
         }
         if self.format_version >= 3:
             if self.dataset_id is None:
-                raise ArgumentError("a format 3 manifest needs its dataset_id")
+                raise ArgumentError(f"a format {self.format_version} manifest needs its dataset_id")
             doc["dataset_id"] = self.dataset_id
             if not self.shards:
                 doc["empty"] = True
@@ -167,6 +181,10 @@ def _refuse_stray_shards(directory: Path, path: Path) -> None:
                            f"({', '.join(stray[:3])}{more}): the manifest lost its shards")
 
 
+UPGRADE_DIR = ".upgrade"  # `fastload upgrade` stages the new dataset here (conversion/_upgrade.py)
+UPGRADE_COMMIT = "COMMIT"  # in UPGRADE_DIR: the new dataset is complete and checked; a rerun finishes it
+
+
 def load_manifest(directory: str | os.PathLike) -> Manifest:
     """Read and validate ``DIR/manifest.json``; raise DatasetError saying what is wrong."""
     directory = Path(directory)
@@ -177,7 +195,9 @@ def load_manifest(directory: str | os.PathLike) -> Manifest:
     path = directory / MANIFEST_NAME
     if not path.exists():
         hint = ""
-        if any(directory.glob("*.lmdb*")) or (directory / ".progress.json").exists():
+        if (directory / UPGRADE_DIR / UPGRADE_COMMIT).exists():
+            hint = f" (an upgrade was interrupted after its commit: run `fastload upgrade {directory}` to finish it)"
+        elif any(directory.glob("*.lmdb*")) or (directory / ".progress.json").exists():
             hint = " (shards are present: an interrupted preprocess_tiles run? continue it with --resume)"
         raise DatasetError(f"{directory}: incomplete dataset, no {MANIFEST_NAME}{hint}")
     doc = read_manifest(path)  # every value's type and range checked: DatasetError naming the key

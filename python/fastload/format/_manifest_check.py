@@ -46,6 +46,7 @@ LIMIT = 2**63  # every count, size and dimension is below it (the core's sizes a
 _HASH = re.compile(r"xxh3-128:[0-9a-f]{32}")
 _SHOW = reprlib.Repr()
 _SHOW.maxstring = _SHOW.maxother = _SHOW.maxlong = 40
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")  # Manifest.fingerprint: XXH3-64 as hex
 _DATASET_ID = re.compile(r"[0-9a-f]{32}")
 _FIELD_KEYS = {"name", "dtype", "shape", "codec", "codec_options"}
 LABEL_FIELD = "label"  # the field whose values ``shard_labels`` counts
@@ -152,6 +153,8 @@ def validate(doc: Any) -> None:
         _check_order(doc["order"])
     if "shard_labels" in doc:
         _check_shard_labels(doc["shard_labels"], len(shards), total, names)
+    if "upgraded_from" in doc:
+        _check_upgraded_from(doc["upgraded_from"], version)
 
 
 def _check_order(order: Any) -> None:
@@ -198,6 +201,14 @@ def _check_shard_labels(labels: Any, shards: int, total: int, names: set[str]) -
         value = int(text, 16)
         if value == 0 or value & ~present:
             raise _Invalid(f"shard_labels.masks[{i}]", f"{_show(text)} names no label, or a label without samples")
+
+
+def _check_upgraded_from(upgraded: Any, version: int) -> None:
+    """v4: what ``fastload upgrade`` rewrote: the older format version and that dataset's fingerprint."""
+    upgraded = _object(upgraded, "upgraded_from", {"format_version", "fingerprint"}, {"format_version", "fingerprint"})
+    _int(upgraded["format_version"], "upgraded_from.format_version", 1, version)
+    if not _FINGERPRINT.fullmatch(_str(upgraded["fingerprint"], "upgraded_from.fingerprint")):
+        raise _Invalid("upgraded_from.fingerprint", f"{_show(upgraded['fingerprint'])} is not 16 lowercase hex digits")
 
 
 def _check_identity(doc: Mapping[str, Any], version: int, has_shards: bool) -> None:

@@ -1,4 +1,4 @@
-"""Shard format v3 (and reading v1, v2): the schema and the binary record (see docs/FORMAT.md).
+"""Shard format v4 (and reading v1 to v3): the schema and the binary record (see docs/FORMAT.md).
 
 This is the reference implementation in Python: the writer uses it to encode
 records and ``ShardDataset`` to decode them. The native decoder in
@@ -34,10 +34,10 @@ from ._codecs import (
 )
 from ._dtypes import NUMPY_DTYPES
 
-FORMAT_VERSION = 3  # what writers write
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4  # what writers write (v4: v3 records packed into blocks, format/_blocks.py)
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 RECORD_MAGIC = b"FLRC"
-RECORD_VERSION = 3  # a dataset's records have its manifest's format_version
+RECORD_VERSION = 4  # a dataset's records have its manifest's format_version
 DEFAULT_ZSTD_LEVEL = 3
 # Fields per schema. The record header's count is 16-bit, but no real schema needs more than a few
 # dozen fields, and each costs every reader work and buffers per batch: 1024 leaves a wide margin.

@@ -162,7 +162,7 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
     if manifest.format_version < 3:
         report.notes.append(f"{directory}: format version {manifest.format_version}: its shards are not bound to "
                             "the dataset or their positions (a shard swapped with its manifest entry, or copied "
-                            "from another dataset, reads as valid); rewrite it with this fastload to get format 3")
+                            "from another dataset, reads as valid); run `fastload upgrade` on it to get format 4")
     try:
         scenes = scenes_of(manifest, directory)
     except DatasetError as err:

@@ -132,14 +132,15 @@ def open_shards(datasets: ShardDataset | Sequence[ShardDataset]) -> Any:
         return RemoteShardSet(datasets)
     paths = shard_paths(datasets)
     counts = [s.count for ds in datasets for s in ds.manifest.shards]
+    packed = [ds.manifest.packed for ds in datasets for _ in ds.manifest.shards]
     try:
-        key = tuple(_identity(p, c) for p, c in zip(paths, counts))
+        key = tuple(_identity(p, c) for p, c in zip(paths, counts)) + (tuple(packed),)
     except OSError:  # let the native core name the problem
-        return _native.ShardSet(paths, counts)
+        return _native.ShardSet(paths, counts, packed)
     with _open_lock:
         shards = _open_sets.get(key)
         if shards is None:
-            shards = _open_sets[key] = _native.ShardSet(paths, counts)
+            shards = _open_sets[key] = _native.ShardSet(paths, counts, packed)
         return shards
 
 

@@ -195,7 +195,8 @@ class RemoteShardSet:
     def __init__(self, datasets: Sequence[ShardDataset]) -> None:
         self.datasets = list(datasets)
         self.starts = shard_starts(self.datasets)
-        self.native = native_core().ShardSet.lazy([int(c) for c in np.diff(self.starts)])
+        packed = [ds.manifest.packed for ds in self.datasets for _ in ds.manifest.shards]  # v4: blocks of records
+        self.native = native_core().ShardSet.lazy([int(c) for c in np.diff(self.starts)], packed)
         self._parts: list[tuple[int, Any]] = []  # per shard: (index in its dataset, its fetcher or None)
         self._all_attached = False
         self._holds: dict[int, Any] = {}  # windowed shards attached: their readers locks

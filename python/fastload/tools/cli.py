@@ -1,4 +1,4 @@
-"""The ``fastload`` command: ``fastload verify DIR``, ``fastload info [DIR]``, ``fastload bench DIR``.
+"""The ``fastload`` command: ``verify DIR``, ``info [DIR]``, ``bench DIR``, ``upgrade DIR``.
 
 DIR may be a URL of object storage (``s3://...``, needs ``fastload[remote]``): ``info`` fetches the
 manifests only, ``verify`` downloads the dataset into the cache and checks it there.
@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..conversion._upgrade import upgrade_dataset
 from ..errors import FastloadError, _unwinding_ctrl_c
 from ..format._splits import split_dirs
 from ..format._verify import VerifyReport, verify_dataset
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--batch-size", type=int, default=256)
     bench.add_argument("--max-batches", type=int, help="stop each pass after this many batches")
     bench.add_argument("--threads", type=int, nargs="+", help="thread counts to try (default: 1 to the CPU count)")
+    upgrade = sub.add_parser("upgrade", help="rewrite a format 1, 2 or 3 dataset in place as format 4 (safe to "
+                                             "interrupt: run it again to finish)")
+    upgrade.add_argument("directory", help="a local dataset, or a root with splits.json (every split is upgraded)")
+    upgrade.add_argument("--no-progress", action="store_true", help="no line per shard, no progress bar")
     args = parser.parse_args(argv)
 
     if args.command == "bench":
@@ -49,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "verify":
         return _verify(args.directory, args.jobs, not args.no_progress, args.allow_external_shards)
+    if args.command == "upgrade":
+        return _upgrade(args.directory, not args.no_progress)
     try:
         print(describe_dataset(args.directory) if args.directory else describe_installation())
     except FastloadError as err:
@@ -102,6 +109,23 @@ def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bo
         total.problems += report.problems
     print(total.summary(directory))
     return 0 if total.ok else 1
+
+
+def _upgrade(directory: str, progress: bool) -> int:
+    """Upgrade a dataset or every split of a root to format 4; print what was done; return the exit status."""
+    try:
+        report = upgrade_dataset(directory, progress=progress)
+    except FastloadError as err:
+        print(f"fastload: error: {err}", file=sys.stderr)
+        return 1
+    except Exception as err:  # a bug or an unforeseen failure (a full disk): one line and a failing status
+        _raise_if_ctrl_c(err)
+        shown = redact(directory) if is_remote(directory) else directory
+        print(f"fastload: error: {shown}: upgrade stopped: {type(err).__name__}: {err} (run it again to finish "
+              "or restart it)", file=sys.stderr)
+        return 1
+    print(report.summary())
+    return 0
 
 
 def _download_remote(url: str, held: list[CachedDataset]) -> dict[str, Path]:
