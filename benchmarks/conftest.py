@@ -15,6 +15,7 @@ from datasets import QUICK, BenchDataset, all_datasets, ensure  # noqa: E402
 
 import fastload  # noqa: E402
 from fastload import _native  # noqa: E402
+from fastload.format._blocks import iter_block_records  # noqa: E402
 from fastload.sampling._order import EpochOrder  # noqa: E402
 
 BATCH = 256
@@ -64,7 +65,10 @@ class Floors:
         for shard, fingerprint in zip(dataset.manifest.shards, dataset.manifest.record_fingerprints()):
             env = lmdb.open(str(self.path / shard.file), subdir=False, readonly=True, lock=False)
             with env.begin() as txn:
-                records = [txn.get(k.to_bytes(8, "big")) for k in range(shard.count)]
+                if dataset.manifest.packed:  # format 4: LMDB values are blocks of records
+                    records = list(iter_block_records([bytes(v) for _, v in txn.cursor()], records=shard.count))
+                else:
+                    records = [txn.get(k.to_bytes(8, "big")) for k in range(shard.count)]
             env.close()
             offsets = np.cumsum([0] + [len(r) for r in records], dtype=np.uint64)
             blob = np.frombuffer(b"".join(records), dtype=np.uint8)
@@ -82,7 +86,7 @@ class Floors:
         """Look up every sample in LMDB in the epoch's shuffled order, no decoding."""
         manifest = fastload.ShardDataset(self.path).manifest
         paths = [str(self.path / s.file) for s in manifest.shards]
-        shards = _native.ShardSet(paths, [s.count for s in manifest.shards])
+        shards = _native.ShardSet(paths, [s.count for s in manifest.shards], [manifest.packed] * len(paths))
         order = EpochOrder(SEED, 0, self.ds.count).positions(0, self.ds.count)
         return lambda: _native.lookup_records(shards, order)
 

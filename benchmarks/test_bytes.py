@@ -1,7 +1,7 @@
 """Format 4 (records packed into ~1 MiB blocks) against format 3 (one record per LMDB key): bytes and reads (issue 44).
 
 Run: ``pytest benchmarks/test_bytes.py --benchmark-only -s`` (``FASTLOAD_BENCH_QUICK=1``: smaller counts,
-the peers and the fresh processes on the 3 KB case only: about half a minute). docs/benchmarks.md,
+the peers and the fresh processes on the 3 KB case only: about 20 s). docs/benchmarks.md,
 "Bytes on disk (format 4)", has the numbers.
 
 ``test_bytes_on_disk``: the same samples written as format 3 (as fastload wrote them before v4:
@@ -21,11 +21,16 @@ for records of 64 B to 64 KB, and never larger than format 3.
 the 3 KB records and of the tiles in one process, epochs alternating between them (v3 first in
 even rounds, v4 first in odd ones) after a warm-up epoch each; per round v4's samples/s over v3's:
 their median and range. ``test_read_threads``: format 4's 3 KB records with 8 and 16 threads
-against 2, rounds rotating the three. ``test_first_epoch_fresh``: the first epoch of a fresh
-process (benchmarks/first_epoch_child.py) on both formats, alternating, with the files in the page
-cache (read just before) and out of it (``posix_fadvise(DONTNEED)`` on every file of the dataset,
-which leaves other processes' cache alone, unlike ``/proc/sys/vm/drop_caches``; the pages still
-resident afterwards are counted with ``fincore`` where it exists).
+against 2, rounds rotating the three.
+
+``test_first_epoch_fresh``: a fresh process (benchmarks/bytes_epoch_helper.py) builds a loader over
+one format and iterates its first epochs, the formats alternating, in three settings: the files in
+the page cache (read just before), out of it, and out of it with ``warm_up=False``. Out of the page
+cache: ``posix_fadvise(DONTNEED)`` on every file of the dataset, which leaves other processes' cache
+alone, unlike ``/proc/sys/vm/drop_caches`` (the pages still resident afterwards are counted with
+``fincore`` where it exists). The warm-up maps every shard page in the loader's constructor, so the
+figure compared is samples over the constructor's seconds plus the first epoch's (the first epoch's
+own rate is recorded too); expected from the bytes saved: format 3's file bytes over format 4's.
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ def make_arrays(case: Case) -> dict[str, np.ndarray]:
 def variable_images(rng: np.random.Generator, n: int, shape: tuple[int, ...]) -> np.ndarray:
     """Bands of a few levels with noise on a per-sample share of the pixels (0.1% to all of them).
 
-    zstd makes records of about 0.3 to 12 KB of them (3x64x64: median 1.7 KB, mean 3.5 KB).
+    zstd makes records of about 0.3 to 12 KB of them (3x64x64: mean 3.6 KB).
     """
     c, h, w = shape
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
@@ -496,6 +501,7 @@ def test_first_epoch_fresh(benchmark, store, name):
         info[f"{key}_steady_samples_per_s"] = statistics.median(
             statistics.median(e["samples_per_s"] for e in r["epochs"][1:]) for r in rs)
         info[f"{key}_peak_rss_mb"] = statistics.median(r["peak_rss_mb"] for r in rs)
+        info[f"{key}_build_and_first_samples_per_s_each"] = [count / total_s(r) for r in rs]  # in pair order
     for mode in MODES:
         pairs = list(zip(runs[mode, "v3"], runs[mode, "v4"]))
         info.update(spread([b["epochs"][0]["samples_per_s"] / a["epochs"][0]["samples_per_s"] for a, b in pairs],

@@ -25,7 +25,14 @@ import pytest
 
 import fastload
 from fastload.errors import CorruptRecordError, CorruptShardError
-from fastload.format._blocks import BLOCK_TARGET, BlockError, encode_block, iter_block_records, pack_blocks
+from fastload.format._blocks import (
+    BLOCK_TARGET,
+    MIN_RECORD_BYTES,
+    BlockError,
+    encode_block,
+    iter_block_records,
+    pack_blocks,
+)
 from fastload.format._lmdb_check import validate_shard
 from fastload.format._manifest import file_hash
 
@@ -89,7 +96,11 @@ def test_round_trip_of_record_sizes_1_byte_to_3_mb():
     mixed = [rng.randbytes(rng.choice(SIZES)) for _ in range(40)]
     for stream in (records, mixed, [b"x"], [rng.randbytes(3_000_000)]):
         blocks = pack_blocks(stream)
-        assert list(iter_block_records(blocks)) == stream
+        if min(len(r) for r in stream) >= MIN_RECORD_BYTES:  # readers refuse shorter ones (no record is)
+            assert list(iter_block_records(blocks)) == stream
+        else:
+            with pytest.raises(BlockError, match=r"shorter than a record \(48\)"):
+                list(iter_block_records(blocks))
         got, key = [], 0
         for value in blocks:
             _width, first, recs = parse(value)
@@ -261,7 +272,13 @@ def cases(records: list[bytes]) -> list[tuple[str, list[bytes], int | None, str,
         ("shorter than a header", block(B, 50)[:23], 1, r"23 bytes, shorter than a block header \(24\)",
          r"23 bytes, shorter than a block header"),
         ("a zero length", block(B, 50, 2, lengths=[272, 272, 0, 544] + [272] * (n - 4)), 1,
-         "record 52 has length 0", "record 52 has length 0"),
+         r"record 52 has length 0, shorter than a record \(48\)", "record 52 has length 0"),
+        # Each span the reader keeps costs 16 bytes: records shorter than a record's header are refused, so a
+        # crafted shard cannot make it hold much more memory than the file's size.
+        ("a 47-byte record", block(B, 50, 2, lengths=[272, 272, 47, 497] + [272] * (n - 4)), 1,
+         r"record 52 has length 47, shorter than a record \(48\)", None),
+        ("records of 47 bytes", block(B, 50, 0, common=47), 1, r"records of 47 bytes, shorter than a record \(48\)",
+         None),
         ("lengths sum past the value", block(B, 50, 2, lengths=lengths_with(B, n - 1, 1)), 1,
          r"its records' lengths run past its 13600 bytes of records", "its records"),
         ("lengths sum short of the value", block(B, 50, 2, lengths=lengths_with(B, n - 1, -1)), 1,

@@ -137,7 +137,9 @@ def test_upgrading_golden_v3_gives_golden_v4_exactly(tmp_path):
         assert (tmp_path / "v3" / name).read_bytes() == (golden(4) / name).read_bytes(), name
     upgraded = json.loads((tmp_path / "v3" / MANIFEST_NAME).read_text())
     v3_fingerprint = fastload.ShardDataset(golden(3)).manifest.fingerprint
-    assert upgraded.pop("upgraded_from") == {"format_version": 3, "fingerprint": v3_fingerprint}
+    golden4 = fastload.ShardDataset(golden(4)).manifest
+    assert upgraded.pop("upgraded_from") == {"format_version": 3, "fingerprint": v3_fingerprint,
+                                             "content": golden4.content_fingerprint}
     assert upgraded == json.loads((golden(4) / MANIFEST_NAME).read_text())
 
 

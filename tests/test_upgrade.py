@@ -10,6 +10,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
+import shard_edit
 from conftest import run_cli
 
 import fastload
@@ -404,7 +405,8 @@ def test_a_loader_state_from_before_the_upgrade_resumes_after_it(tmp_path, backe
     fastload.upgrade_dataset(ds)  # the shard hashes change; the content, and so the fingerprint, do not
     upgraded = fastload.ShardDataset(ds).manifest
     assert upgraded.format_version == 4 and upgraded.fingerprint == old_fingerprint
-    assert upgraded.extra["upgraded_from"] == {"format_version": 3, "fingerprint": old_fingerprint}
+    assert upgraded.extra["upgraded_from"] == {"format_version": 3, "fingerprint": old_fingerprint,
+                                               "content": upgraded.content_fingerprint}
     after = fastload.ShardLoader(ds, **kwargs)
     after.load_state_dict(state)
     assert [b["label"].tolist() for b in after] == rest and rest
@@ -414,9 +416,10 @@ def test_upgraded_from_is_checked_like_the_rest_of_the_manifest(tmp_path):
     ds = write_old(tmp_path / "ds", 3)
     fastload.upgrade_dataset(ds)
     doc = json.loads((ds / MANIFEST_NAME).read_text())
-    for bad, problem in [({"format_version": 3}, "missing key"), ({"format_version": 9, "fingerprint": "0" * 16},
-                                                                 "out of range"),
-                         ({"format_version": 3, "fingerprint": "xyz"}, "16 lowercase hex digits")]:
+    good = doc["upgraded_from"]
+    for bad, problem in [({"format_version": 3}, "missing key"), ({**good, "format_version": 9}, "out of range"),
+                         ({**good, "fingerprint": "xyz"}, "16 lowercase hex digits"),
+                         ({**good, "content": "0" * 15}, "16 lowercase hex digits")]:
         (ds / MANIFEST_NAME).write_text(json.dumps({**doc, "upgraded_from": bad}))
         with pytest.raises(DatasetError, match=f"upgraded_from.*{problem}"):
             fastload.ShardDataset(ds)
@@ -435,3 +438,55 @@ def test_two_upgrades_of_one_directory_at_once_are_refused(tmp_path):
     finally:
         os.close(fd)
     assert fastload.upgrade_dataset(ds).upgraded
+
+
+def test_upgraded_from_copied_onto_another_dataset_gives_it_no_other_fingerprint(tmp_path):
+    """The former fingerprint stands only for the content the upgrade wrote: copied elsewhere it is ignored."""
+    a, b = write_old(tmp_path / "a", 3), write_old(tmp_path / "b", 3, n=24, start=100)
+    state = fastload.ShardLoader(a, batch_size=4, backend="torch", num_workers=0).state_dict()
+    fastload.upgrade_dataset(a)
+    fastload.upgrade_dataset(b)
+    doc_a, doc_b = (json.loads((d / MANIFEST_NAME).read_text()) for d in (a, b))
+    doc_b["upgraded_from"] = doc_a["upgraded_from"]
+    (b / MANIFEST_NAME).write_text(json.dumps(doc_b))
+    manifest = fastload.ShardDataset(b).manifest
+    assert manifest.fingerprint == manifest.content_fingerprint != doc_a["upgraded_from"]["fingerprint"]
+    with pytest.raises(fastload.StateError, match="another dataset"):
+        fastload.ShardLoader(b, batch_size=4, backend="torch", num_workers=0).load_state_dict(state)
+
+
+def test_a_shard_changed_after_the_check_is_not_bound_into_the_upgrade(tmp_path, monkeypatch):
+    """Records swapped between the first check and the rewrite: refused, not laundered into a dataset that verifies."""
+    ds = write_old(tmp_path / "ds", 3)
+    before = {p.name: p.read_bytes() for p in ds.iterdir() if p.is_file()}
+    real = _upgrade.verify_dataset
+    calls = []
+
+    def check_then_swap(directory, **kwargs):
+        report = real(directory, **kwargs)
+        if not calls:
+            shard = ds / "shard-00000.lmdb"
+            values = shard_edit.read_values(shard)
+            values[0], values[1] = values[1], values[0]
+            shard_edit.put_values(shard, values)
+            before["shard-00000.lmdb"] = shard.read_bytes()
+        calls.append(directory)
+        return report
+
+    monkeypatch.setattr(_upgrade, "verify_dataset", check_then_swap)
+    with pytest.raises(DatasetError, match="changed after it was checked"):
+        fastload.upgrade_dataset(ds)
+    assert {p.name: p.read_bytes() for p in ds.iterdir() if p.is_file()} == before
+    assert not (ds / ".upgrade").exists()
+
+
+def test_a_shard_that_is_a_symbolic_link_is_refused_with_nothing_changed(tmp_path):
+    ds = write_old(tmp_path / "ds", 3)
+    store = tmp_path / "store"
+    store.mkdir()
+    (ds / "shard-00001.lmdb").rename(store / "one.lmdb")
+    (ds / "shard-00001.lmdb").symlink_to(store / "one.lmdb")
+    with pytest.raises(DatasetError, match=r"shard-00001.lmdb: a symbolic link \(to .*one.lmdb\)"):
+        fastload.upgrade_dataset(ds)
+    assert (ds / "shard-00001.lmdb").is_symlink()
+    assert json.loads((ds / MANIFEST_NAME).read_text())["format_version"] == 3

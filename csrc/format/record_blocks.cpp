@@ -53,6 +53,10 @@ std::vector<RecordSpan> unpack_blocks(const uint8_t* data, const std::vector<Rec
     if ((width == 0) != (common != 0)) {
       fail(path, b, "record length " + std::to_string(common) + " with index width " + std::to_string(width));
     }
+    if (width == 0 && common < kMinBlockRecordBytes) {
+      fail(path, b, "records of " + std::to_string(common) + " bytes, shorter than a record (" +
+                        std::to_string(kMinBlockRecordBytes) + ")");
+    }
     uint64_t index_bytes = 0, start = 0, total = 0, end = 0;
     if (!checked_mul(uint64_t{width}, uint64_t{count}, &index_bytes) ||
         !checked_add(uint64_t{kBlockHeaderBytes}, index_bytes, &start) || start > block.size) {
@@ -74,7 +78,10 @@ std::vector<RecordSpan> unpack_blocks(const uint8_t* data, const std::vector<Rec
       uint32_t length = common;
       if (width == 2) length = load<uint16_t>(p + kBlockHeaderBytes + 2 * uint64_t{i});
       if (width == 4) length = load<uint32_t>(p + kBlockHeaderBytes + 4 * uint64_t{i});
-      if (length == 0) fail(path, b, "record " + std::to_string(key + i) + " has length 0");
+      if (length < kMinBlockRecordBytes) {
+        fail(path, b, "record " + std::to_string(key + i) + " has length " + std::to_string(length) +
+                          ", shorter than a record (" + std::to_string(kMinBlockRecordBytes) + ")");
+      }
       if (width != 0 && (!checked_add(total, uint64_t{length}, &total) || total > room)) {
         fail(path, b, "its records' lengths run past its " + std::to_string(room) + " bytes of records");
       }

@@ -6,8 +6,8 @@
 //     which the header read touches anyway);
 //   - magic "FLBK", version, index width 0/2/4, reserved byte zero, the first
 //     key equal to the records of the blocks before it, at least one record;
-//   - with width 0 a common length >= 1, else a zero common length and each
-//     indexed length >= 1;
+//   - with width 0 a common length, else a zero common length and an indexed
+//     length per record, each at least kMinBlockRecordBytes;
 //   - header + index + the records' lengths equal to the value's length, every
 //     sum and product overflow-checked;
 //   - the records of all blocks adding up to `expected_records`.
@@ -28,6 +28,10 @@ namespace fastload {
 
 constexpr uint16_t kBlockVersion = 4;  // the first format version whose shards hold blocks
 constexpr size_t kBlockHeaderBytes = 24;
+// The shortest record a block may index: a v4 record's header and one field entry. Longer than any span
+// the reader keeps per record (16 bytes), so a crafted shard cannot make the reader hold more memory
+// than a third of its size.
+constexpr uint32_t kMinBlockRecordBytes = 48;
 
 // Returns the spans of the records held by the blocks `blocks` (spans inside the
 // validated file at `data`, page size `page_size`), in key order.

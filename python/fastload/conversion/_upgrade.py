@@ -24,7 +24,8 @@ from typing import Any
 import lmdb
 
 from ..errors import ArgumentError, DatasetError
-from ..format._blocks import BLOCK_VERSION
+from ..format._blocks import BLOCK_VERSION, BlockError
+from ..format._lmdb_check import validate_shard
 from ..format._manifest import (
     MANIFEST_NAME,
     UPGRADE_COMMIT,
@@ -36,6 +37,7 @@ from ..format._manifest import (
     load_manifest,
     write_json_atomic,
 )
+from ..format._page_cache import copy_hashed
 from ..format._record import RECORD_MAGIC, schema_fingerprint
 from ..format._shard_files import record_key
 from ..format._splits import split_dirs
@@ -132,13 +134,23 @@ def upgrade_dataset(path: str | os.PathLike, *, progress: bool = False) -> Upgra
                 report.datasets.append(UpgradedDataset(directory, manifest.format_version, len(manifest.shards),
                                                        manifest.total, _size(manifest), _size(manifest)))
                 continue
+            links = [directory / s.file for s in manifest.shards if (directory / s.file).is_symlink()]
+            if links:  # replacing a link by the new file would leave its target behind, unreferenced
+                problems += [f"{link}: a symbolic link (to {os.readlink(link)}): upgrade the dataset where its "
+                             "shard files are, or put the files in place of the links" for link in links]
+                continue
             checked = verify_dataset(directory, jobs=_jobs(), progress=progress)
             problems += checked.problems
             todo.append((directory, manifest))
         if problems:
             raise DatasetError(_refusal(root, problems))
         for directory, manifest in todo:
-            report.datasets.append(_upgrade(directory, manifest, progress))
+            try:
+                report.datasets.append(_upgrade(directory, manifest, progress))
+            except (OSError, lmdb.Error, BlockError) as err:  # a full disk, permissions: typed, naming the dataset
+                raise DatasetError(f"{directory}: the upgrade failed: {type(err).__name__}: {err} (run "
+                                   "`fastload upgrade` again once the cause is fixed: it finishes or restarts "
+                                   "the upgrade)") from err
     return report
 
 
@@ -252,7 +264,7 @@ def _stage(directory: Path, staging: Path, manifest: Manifest, progress: bool) -
     new_id = manifest.dataset_id
     shards: list[ShardInfo] = []
     for index, old in enumerate(manifest.shards):
-        records = [_as_v4(r, version, schema) for r in _read_records(directory / old.file, old.count, version)]
+        records = [_as_v4(r, version, schema) for r in _read_records(directory / old.file, old, version, staging)]
         if new_id is None:  # v1, v2: an id from what the dataset holds, the same for every copy of it
             identity = f"upgraded from format {version}\n" + "".join(
                 f"{s.file} {s.count} {s.bytes} {s.hash}\n" for s in manifest.shards)
@@ -263,8 +275,10 @@ def _stage(directory: Path, staging: Path, manifest: Manifest, progress: bool) -
                        f"{old.bytes} -> {info.bytes} bytes")
     if new_id is None:  # an empty v1 or v2 dataset
         new_id = dataset_id(fields, f"upgraded from format {version}\n", [])
-    extra = {**manifest.extra, "upgraded_from": {"format_version": version, "fingerprint": manifest.fingerprint}}
-    new = Manifest(fields, shards, dict(manifest.provenance), extra, BLOCK_VERSION, new_id)
+    new = Manifest(fields, shards, dict(manifest.provenance), dict(manifest.extra), BLOCK_VERSION, new_id)
+    # The former fingerprint, which loader states saved before carry, and the content it stands for.
+    new.extra["upgraded_from"] = {"format_version": version, "fingerprint": manifest.fingerprint,
+                                  "content": new.content_fingerprint}
     write_json_atomic(staging / MANIFEST_NAME, new.to_json())
     checked = verify_dataset(staging, jobs=_jobs(), progress=progress)  # what readers will read, before committing
     if not checked.ok:
@@ -300,10 +314,11 @@ def _finish(directory: Path, staging: Path, commit: dict[str, Any], progress: bo
             size = target.stat().st_size if target.exists() else None
             if size != shard["bytes"]:
                 raise DatasetError(f"{target}: {size} bytes where the upgrade put {shard['bytes']}: changed while "
-                                   f"the upgrade was interrupted; the dataset cannot be completed")
+                                   f"the upgrade was interrupted; the dataset cannot be completed (its old "
+                                   f"manifest is {staging / OLD_MANIFEST_NAME})")
         if file_hash(staged) != commit["new_manifest"]:
             raise DatasetError(f"{staged}: differs from the manifest the upgrade committed; the dataset cannot be "
-                               "completed")
+                               f"completed (its old manifest is {staging / OLD_MANIFEST_NAME})")
         os.replace(staged, live)  # the dataset is complete again, as format 4
         fsync_dir(directory)
     elif not live.exists():
@@ -330,14 +345,28 @@ def _check_room(directory: Path, manifest: Manifest) -> None:
                            f"about {needed} bytes free; {free} are")
 
 
-def _read_records(path: Path, count: int, version: int) -> list[bytes]:
-    """Return the ``count`` records of a verified v1-v3 shard (one record per LMDB key)."""
-    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+def _read_records(path: Path, shard: ShardInfo, version: int, staging: Path) -> list[bytes]:
+    """Return the records of a verified v1-v3 shard (one record per LMDB key), as verified.
+
+    The records are read from a copy of the shard in ``staging`` whose content hash is checked against the
+    manifest's first: the checks before ran on the shard as it was then, and a shard changed since (records
+    swapped, rewritten) must not be bound afresh into a dataset that verifies. The copy's structure is
+    validated again before LMDB opens it.
+    """
+    copy = staging / f".source-{shard.file}"
     try:
-        with env.begin(buffers=False) as txn:
-            records = [txn.get(record_key(key)) for key in range(count)]
+        if copy_hashed(path, copy) != shard.hash:
+            raise DatasetError(f"{path}: its content changed after it was checked (the hash differs from the "
+                               "manifest's); nothing was changed")
+        validate_shard(str(copy), shard.count, packed=False)
+        env = lmdb.open(str(copy), subdir=False, readonly=True, lock=False)
+        try:
+            with env.begin(buffers=False) as txn:
+                records = [txn.get(record_key(key)) for key in range(shard.count)]
+        finally:
+            env.close()
     finally:
-        env.close()
+        copy.unlink(missing_ok=True)
     out: list[bytes] = []
     for key, record in enumerate(records):
         if (record is None or len(record) < 8 or record[:4] != RECORD_MAGIC

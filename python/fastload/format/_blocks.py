@@ -19,6 +19,7 @@ from typing import Any
 BLOCK_MAGIC = b"FLBK"
 BLOCK_VERSION = 4  # the format version whose shards hold blocks
 BLOCK_TARGET = 1 << 20  # a block is closed once its value reaches this many bytes
+MIN_RECORD_BYTES = 48  # a v4 record's header and one field entry: the shortest record a block may index
 BLOCK_HEADER = struct.Struct("<4sHBBQII")  # magic, version, index width, reserved, first key, records, length
 _WIDTHS = {0: None, 2: "H", 4: "I"}
 
@@ -104,6 +105,8 @@ def unpack_block(value: bytes | memoryview | Any, block: int, first_key: int, ve
         raise fail("holds no records")
     if (width == 0) != (common != 0):
         raise fail(f"record length {common} with index width {width}")
+    if width == 0 and common < MIN_RECORD_BYTES:
+        raise fail(f"records of {common} bytes, shorter than a record ({MIN_RECORD_BYTES})")
     start = head + width * count
     if start > size:
         raise fail(f"an index of {count} records does not fit in its {size} bytes")
@@ -117,10 +120,11 @@ def unpack_block(value: bytes | memoryview | Any, block: int, first_key: int, ve
     else:
         lengths = struct.unpack_from(f"<{count}{_WIDTHS[width]}", value, head)
         ends = list(accumulate(lengths))
-        zero = lengths.index(0) if 0 in lengths else count
+        short = next((i for i, n in enumerate(lengths) if n < MIN_RECORD_BYTES), count)
         past = bisect_right(ends, room)  # the first record whose end lies past the value (ends never decrease)
-        if zero < past:  # as the native loop: a zero length is found before the sum runs past
-            raise fail(f"record {first_key + zero} has length 0")
+        if short < past:  # as the native loop: a short record is found before the sum runs past
+            raise fail(f"record {first_key + short} has length {lengths[short]}, shorter than a record "
+                       f"({MIN_RECORD_BYTES})")
         if past < count:
             raise fail(f"its records' lengths run past its {room} bytes of records")
         if ends[-1] != room:

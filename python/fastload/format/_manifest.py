@@ -65,13 +65,19 @@ class Manifest:
     def fingerprint(self) -> str:
         """Return a short hash identifying the dataset's content (schema and shard hashes).
 
-        A dataset rewritten by ``fastload upgrade`` keeps its former fingerprint (``upgraded_from``): its
-        samples and their positions did not change, so loader states and ``Mosaic`` settings saved before
-        still apply.
+        A dataset rewritten by ``fastload upgrade`` keeps its former fingerprint (``upgraded_from``) while its
+        schema and shards are those the upgrade wrote (``upgraded_from.content``): its samples and their
+        positions did not change, so loader states and ``Mosaic`` settings saved before still apply.
         """
+        own = self.content_fingerprint
         upgraded = self.extra.get("upgraded_from")
-        if isinstance(upgraded, dict) and isinstance(upgraded.get("fingerprint"), str):
-            return upgraded["fingerprint"]
+        if isinstance(upgraded, dict) and upgraded.get("content") == own:  # the content the upgrade wrote, unchanged
+            return str(upgraded["fingerprint"])
+        return own
+
+    @property
+    def content_fingerprint(self) -> str:
+        """Return the hash of this manifest's schema and shard entries (the fingerprint of a dataset never upgraded)."""
         h = xxhash.xxh3_64()
         h.update(json.dumps([f.to_json() for f in self.fields], sort_keys=True).encode())
         for s in self.shards:

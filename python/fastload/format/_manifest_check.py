@@ -204,11 +204,13 @@ def _check_shard_labels(labels: Any, shards: int, total: int, names: set[str]) -
 
 
 def _check_upgraded_from(upgraded: Any, version: int) -> None:
-    """v4: what ``fastload upgrade`` rewrote: the older format version and that dataset's fingerprint."""
-    upgraded = _object(upgraded, "upgraded_from", {"format_version", "fingerprint"}, {"format_version", "fingerprint"})
+    """v4: what ``fastload upgrade`` rewrote: the older version and fingerprint, and the content it wrote."""
+    keys = {"format_version", "fingerprint", "content"}
+    upgraded = _object(upgraded, "upgraded_from", keys, keys)
     _int(upgraded["format_version"], "upgraded_from.format_version", 1, version)
-    if not _FINGERPRINT.fullmatch(_str(upgraded["fingerprint"], "upgraded_from.fingerprint")):
-        raise _Invalid("upgraded_from.fingerprint", f"{_show(upgraded['fingerprint'])} is not 16 lowercase hex digits")
+    for key in ("fingerprint", "content"):
+        if not _FINGERPRINT.fullmatch(_str(upgraded[key], f"upgraded_from.{key}")):
+            raise _Invalid(f"upgraded_from.{key}", f"{_show(upgraded[key])} is not 16 lowercase hex digits")
 
 
 def _check_identity(doc: Mapping[str, Any], version: int, has_shards: bool) -> None:
