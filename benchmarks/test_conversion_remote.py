@@ -2,7 +2,8 @@
 
 Run: ``pytest benchmarks/test_conversion_remote.py --benchmark-only -s`` (``FASTLOAD_BENCH_QUICK=1``
 for a tiny run). The same folder of PNG scenes (3x512x512 uint8, smooth content) converted by
-``preprocess_tiles`` (256-pixel tiles, zstd, ``--workers 2``) from its local path and from a moto S3
+``preprocess_tiles`` (256-pixel tiles, zstd, ``--workers 2``, or on a Dask ``LocalCluster`` of 2 worker
+processes: ``engine``) from its local path and from a moto S3
 server on 127.0.0.1, in a process of its own (``--data-dir s3://...``: the listing, then each probe
 and encode task copies its file), alternating, 3 rounds, best of each; the shards are compared byte
 for byte each round.
@@ -56,7 +57,17 @@ def scenes(tmp_path_factory):
 
 
 
-def timed_conversion(data_dir: str, out: Path, options: dict | None) -> float:
+@pytest.fixture(scope="module")
+def dask_client():
+    """Yield a client of a ``LocalCluster`` of 2 worker processes of 1 thread each on 127.0.0.1."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=":0") as cluster, \
+            distributed.Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+def timed_conversion(data_dir: str, out: Path, options: dict | None, client=None) -> float:
     if out.exists():
         shutil.rmtree(out)
     args = build_parser().parse_args(["--data-dir", data_dir, "--output-dir", str(out), "--tile-size", "256",
@@ -64,15 +75,17 @@ def timed_conversion(data_dir: str, out: Path, options: dict | None) -> float:
     if options is not None:
         args.storage_options = options
     start = time.perf_counter()
-    results = run(args)
+    results = run(args, client)
     seconds = time.perf_counter() - start
     assert sum(r.manifest.total for r in results) == SCENES * TILES_PER_SCENE
     return seconds
 
 
-def test_conversion_from_object_storage_vs_local(benchmark, scenes, tmp_path, capsys):
+@pytest.mark.parametrize("engine", ["pool", "dask"])
+def test_conversion_from_object_storage_vs_local(benchmark, scenes, tmp_path, capsys, request, engine):
     folder, url, options = scenes
-    benchmark.group = "conversion-remote-input"
+    client = request.getfixturevalue("dask_client") if engine == "dask" else None
+    benchmark.group = f"conversion-remote-input-{engine}"
     samples = SCENES * TILES_PER_SCENE
     local, remote = EpochResult(samples=samples), EpochResult(samples=samples)
 
@@ -80,7 +93,7 @@ def test_conversion_from_object_storage_vs_local(benchmark, scenes, tmp_path, ca
         for result, source, opts, out in ((local, str(folder), None, tmp_path / "local"),
                                           (remote, url, options, tmp_path / "remote")):
             cpu0 = time.process_time()
-            seconds = timed_conversion(source, out, opts)
+            seconds = timed_conversion(source, out, opts, client)
             result.seconds.append(seconds)
             result.first_batch.append(seconds)  # a conversion delivers nothing usable before it ends
             result.cpu.append(time.process_time() - cpu0)  # this process's: the driver's share
@@ -95,6 +108,6 @@ def test_conversion_from_object_storage_vs_local(benchmark, scenes, tmp_path, ca
     ratio = benchmark.extra_info["samples_per_s"] / local_rate
     benchmark.extra_info.update({"local_samples_per_s": local_rate, "ratio_to_local": ratio,
                                  "source_mb": sum(p.stat().st_size for p in folder.iterdir()) / 1e6})
-    print(f"\nlocal {local_rate:,.0f} tiles/s, from s3 {benchmark.extra_info['samples_per_s']:,.0f} tiles/s, "
+    print(f"\n{engine}: local {local_rate:,.0f} tiles/s, from s3 {benchmark.extra_info['samples_per_s']:,.0f} tiles/s, "
           f"s3/local {ratio:.2f}; rounds local {[round(s, 2) for s in local.seconds]} s, "
           f"s3 {[round(s, 2) for s in remote.seconds]} s")

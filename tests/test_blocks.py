@@ -447,6 +447,7 @@ def test_a_v4_shard_read_as_v3_is_refused(pristine, tmp_path, count):
         assert not seen
 
 
+@pytest.mark.no_asan  # a pure-Python check in a process under RLIMIT_AS, which ASan's shadow reservations defeat
 def test_unpack_block_refuses_4_billion_records_without_allocating_them():
     """n = L = 2**32-1 in a 24-byte value: refused at once (no list of 2**32 lengths), in a process whose
     address space is bounded so that a per-record allocation is a MemoryError, not the machine's memory."""

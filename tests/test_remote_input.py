@@ -296,3 +296,34 @@ def test_the_spool_keeps_copies_within_its_budget_and_refuses_a_bad_setting(tmp_
         monkeypatch.setenv("FASTLOAD_SOURCE_SPOOL_BYTES", bad)
         with pytest.raises(RemoteError, match="FASTLOAD_SOURCE_SPOOL_BYTES"):
             spool_bytes()
+
+
+@pytest.mark.parametrize("spool", ["all", "none"])
+def test_encode_workers_are_forks_only_when_every_source_is_in_the_spool(tmp_path, two_class_pngs, monkeypatch,
+                                                                           spool):
+    """Forked workers make no request (the store's runtime does not survive a fork): only with every copy spooled."""
+    from fastload.conversion import _dataset_writer
+
+    server, endpoint, url = mortal_server(two_class_pngs, f"fork-pngs-{spool}")
+    if spool == "none":
+        monkeypatch.setenv("FASTLOAD_SOURCE_SPOOL_BYTES", "0")
+    fresh: list[bool] = []
+    real = _dataset_writer.ordered_map
+
+    def recording(*args, **kwargs):
+        fresh.append(kwargs["fresh_workers"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_dataset_writer, "ordered_map", recording)
+    options = ["--tile-size", "32", "--labels-from-dirs", "--shard-size", "10KB", "--no-progress", "--workers", "2"]
+    args = build_parser().parse_args(["--data-dir", url, "--output-dir", str(tmp_path / "out"), *options])
+    args.storage_options = short_retries(endpoint)
+    try:
+        run(args)
+    finally:
+        server.stop()
+    assert fresh == [spool == "none"]
+    monkeypatch.setattr(_dataset_writer, "ordered_map", real)
+    run(build_parser().parse_args(["--data-dir", str(two_class_pngs), "--output-dir", str(tmp_path / "local"),
+                                   *options]))
+    assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "local")

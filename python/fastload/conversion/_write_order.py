@@ -108,7 +108,7 @@ def shuffled_job(job: Any, order: GroupedOrder) -> Any:
                 yield (0, first, piece(0, first, min(first + step, b)))
 
     name = job.sources[0].relpath if len(job.sources) == 1 else SHUFFLED_SOURCE  # e.g. write_dataset's dataset
-    return dataclasses.replace(job, sources=[Source(name)], tile_counts=[total], tasks=tasks,
+    return dataclasses.replace(job, sources=[Source(name)], source_files=job.sources, tile_counts=[total], tasks=tasks,
                                encode=job.gather_encode, piece=piece, piece_samples=step, order="source",
                                gather=None, gather_encode=None, whole_sources=False, sample_sources=False)
 

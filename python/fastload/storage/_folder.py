@@ -161,6 +161,11 @@ class RemoteFolder:
             if keep and kept is not None and spool is not None:
                 _keep_in_spool(path, kept, spool)
 
+    def spooled(self, relpath: str) -> bool:
+        """Return whether this run's spool holds a copy of ``relpath`` (reading it then makes no request)."""
+        spool = self._spool()
+        return spool is not None and (spool / _spool_name(relpath)).is_file()
+
     def _spool(self) -> Path | None:
         """Return the run's spool directory when ``scratch`` exists on this machine, else None."""
         if self.scratch is None or not os.path.isdir(self.scratch):
