@@ -20,7 +20,7 @@ import lmdb
 import numpy as np
 
 import fastload
-from fastload.conversion._shard_writer import write_shard
+from fastload.conversion._shard_writer import write_shard, write_values
 from fastload.format._blocks import iter_block_records, pack_blocks
 from fastload.format._manifest import load_manifest
 from fastload.format._record import RecordEncoder
@@ -39,17 +39,8 @@ def _values(shard: Path) -> list[bytes]:
 
 def _write_values(path: Path, values: list[bytes]) -> None:
     """Write ``values`` under keys 0..n-1 as the shard writer does (8-byte big-endian keys, compacting copy)."""
-    build = path.with_name(f".{path.name}.build")
-    env = lmdb.open(str(build), subdir=False, map_size=2 * sum(len(v) + 4096 for v in values) + (8 << 20),
-                    lock=False, sync=False, metasync=False, readahead=False, meminit=True, max_dbs=0)
-    try:
-        with env.begin(write=True) as txn:
-            for key, value in enumerate(values):
-                txn.put(key.to_bytes(8, "big"), value, append=True)
-        env.copy(str(path), compact=True)
-    finally:
-        env.close()
-    build.unlink()
+    path.unlink(missing_ok=True)
+    write_values(path, values)
 
 
 def main(out: Path) -> None:

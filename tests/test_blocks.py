@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import fastload
+from fastload.conversion import _shard_writer
 from fastload.errors import CorruptRecordError, CorruptShardError
 from fastload.format._blocks import (
     BLOCK_TARGET,
@@ -183,19 +184,8 @@ def test_encode_block_refuses_what_is_not_a_block():
 
 def write_values(path: Path, values: list[bytes]) -> None:
     """Write ``values`` under keys 0..n-1 (8-byte big-endian) as the shard writer does: build, compacting copy."""
-    build = path.with_name(f".{path.name}.build")
     path.unlink(missing_ok=True)
-    size = 2 * sum(len(v) + 4096 for v in values) + (8 << 20)
-    env = lmdb.open(str(build), subdir=False, map_size=size, lock=False, sync=False, metasync=False,
-                    readahead=False, meminit=True, max_dbs=0)
-    try:
-        with env.begin(write=True) as txn:
-            for key, value in enumerate(values):
-                txn.put(key.to_bytes(8, "big"), value, append=True)
-        env.copy(str(path), compact=True)
-    finally:
-        env.close()
-    build.unlink()
+    _shard_writer.write_values(path, values)
 
 
 def lmdb_values(shard: Path) -> list[bytes]:

@@ -94,7 +94,8 @@ def test_shard_loader_reads_every_golden_version(version, backend):
 def test_verify_finds_every_golden_version_sound(version):
     report = verify_dataset(golden(version))
     assert report.ok and report.shards == 2 and report.records == 8
-    assert bool(report.notes) == (version < 3)  # v1 and v2: the note on their weaker guarantees
+    assert bool(report.notes) == (version < 4)  # v1 and v2: their weaker guarantees; v3: its size; all: upgrade
+    assert all("fastload upgrade" in note for note in report.notes)
     r = run_cli("fastload", "verify", str(golden(version)), "--no-progress")
     assert r.returncode == 0 and "OK: 2 shards, 8 records" in r.stdout
 

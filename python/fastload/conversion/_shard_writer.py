@@ -82,26 +82,18 @@ def write_shard(directory: str | os.PathLike, index: int, records: Sequence[byte
     final = directory / name
     for stale in (build, compacted, tmp):
         stale.unlink(missing_ok=True)
-    env = lmdb.open(str(build), subdir=False, map_size=_map_size(records), lock=False, sync=False,
-                    metasync=False, readahead=False, meminit=True, max_dbs=0)
-    try:
-        bound = []
-        for key, record in enumerate(records):
-            if record[4:6] != records[0][4:6]:
-                own = int.from_bytes(record[4:6], "little")
-                raise ArgumentError(f"shard {index} record {key}: record version {own} among version {version} records")
-            if schema and record[16:24] != schema:  # the binding replaces the schema fingerprint: check it first
-                raise SchemaMismatchError(f"shard {index} record {key}: encoded for another schema than the "
-                                          "dataset's")
-            bound.append(bind_key(record, key, fingerprint))
-        values = pack_blocks(bound, version) if version >= BLOCK_VERSION else bound  # v4: records in blocks
-        with env.begin(write=True) as txn:
-            for key, value in enumerate(values):
-                txn.put(record_key(key), value, append=True)
-        env.copy(str(compacted if REWRITE_SHARDS else tmp), compact=True)
-    finally:
-        env.close()
-    build.unlink()
+    bound = []
+    for key, record in enumerate(records):
+        if record[4:6] != records[0][4:6]:
+            own = int.from_bytes(record[4:6], "little")
+            raise ArgumentError(f"shard {index} record {key}: record version {own} among version {version} records")
+        if schema and record[16:24] != schema:  # the binding replaces the schema fingerprint: check it first
+            raise SchemaMismatchError(f"shard {index} record {key}: encoded for another schema than the "
+                                      "dataset's")
+        bound.append(bind_key(record, key, fingerprint))
+    values = pack_blocks(bound, version) if version >= BLOCK_VERSION else bound  # v4: records in blocks
+    # The map size is written into the file's meta pages: from the records, as every format 4 shard so far.
+    write_values(compacted if REWRITE_SHARDS else tmp, values, build, map_size=_map_size(records))
     if REWRITE_SHARDS:
         # LMDB's copy writes 1 MiB at a time; copied again in aligned 2 MiB writes (hashed on the way, which
         # reading it for its hash cost anyway), the shard sits in the page cache as 2 MiB folios where the
@@ -117,6 +109,30 @@ def write_shard(directory: str | os.PathLike, index: int, records: Sequence[byte
     if durable:
         fsync_dir(directory)
     return info
+
+
+def write_values(path: str | os.PathLike, values: Sequence[bytes], build: str | os.PathLike | None = None,
+                 map_size: int | None = None) -> None:
+    """Write an LMDB file of ``values`` under keys 0..n-1 (8-byte big-endian) at ``path``: compacted, not fsynced.
+
+    It is built at ``build`` (default: ``.NAME.build`` beside ``path``), then copied with LMDB's compacting
+    copy, so the file is about the size of its data. ``write_shard`` writes shards with it; tests and the
+    fuzz corpus write crafted values with it. ``map_size`` (LMDB's, recorded in the file's meta pages):
+    by default enough for ``values``.
+    """
+    path = Path(path)
+    build = Path(build) if build is not None else path.with_name(f".{path.name}.build")
+    build.unlink(missing_ok=True)
+    env = lmdb.open(str(build), subdir=False, map_size=map_size or _map_size(values), lock=False, sync=False,
+                    metasync=False, readahead=False, meminit=True, max_dbs=0)
+    try:
+        with env.begin(write=True) as txn:
+            for key, value in enumerate(values):
+                txn.put(record_key(key), value, append=True)
+        env.copy(str(path), compact=True)
+    finally:
+        env.close()
+    build.unlink()
 
 
 def fsync_file(path: str | os.PathLike) -> None:
