@@ -264,7 +264,10 @@ def test_loaders_made_one_after_another_leave_no_callbacks_behind(big, s3, tmp_p
     fetcher = dataset._cached.fetcher
     live = fastload.ShardLoader(dataset, batch_size=100)
     next(iter(live))
-    assert len(fetcher._listeners) == 1 and len(fetcher._releasers) == 1
+    # Dead readers' callbacks are dropped when the next reader registers. One may outlive that by a moment
+    # (a download thread still attaching a shard holds its reader until the attach returns), never more.
+    for callbacks in (fetcher._listeners, fetcher._releasers):
+        assert sum(owner() is not None for owner, _ in callbacks) == 1 and len(callbacks) <= 2, callbacks
 
 
 def test_a_killed_reader_leaves_nothing_the_next_one_trusts_or_counts_for_long(big, s3, tmp_path):  # noqa: F811
