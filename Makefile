@@ -26,7 +26,6 @@ ASAN_TESTS   ?= $(NATIVE_TESTS)
 # readers, the transforms, the reader's threads and the SIGBUS guard. Its Python is the source tree's,
 # which `make test` already ran (FASTLOAD_PYTEST="tests -q" runs everything against the wheel).
 WHEEL_TESTS  := $(addprefix tests/test_,augment.py binding.py blocks.py codecs.py corruption.py format.py format_v2.py \
-    golden.py \
     hostile_params.py loader.py native_stub.py png_profile.py transforms.py truncation.py verify.py)
 
 FUZZ_PACKAGES := clang libclang-rt-dev

@@ -11,6 +11,7 @@ for v3 and v4 one fixed dataset id (so upgrading the v3 dataset gives the v4 one
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -63,11 +64,23 @@ def write_golden(out: Path, version: int) -> Manifest:
     return manifest
 
 
+LIBRARIES_FILE = "libraries.json"  # the libraries under the writer when the golden files were written
+
+
+def writer_libraries() -> dict[str, str]:
+    """Return the versions of the libraries whose output is in the golden bytes: LMDB's and zstd's."""
+    import lmdb
+    import zstandard
+
+    return {"lmdb": ".".join(map(str, lmdb.version())), "zstd": ".".join(map(str, zstandard.ZSTD_VERSION))}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write the golden datasets of the versions asked (all by default), replacing those there."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", type=int, nargs="+", choices=VERSIONS, default=list(VERSIONS))
     args = parser.parse_args(argv)
+    (OUT / LIBRARIES_FILE).write_text(json.dumps(writer_libraries(), indent=1) + "\n")
     for version in args.version:
         out = OUT / f"v{version}"
         shutil.rmtree(out, ignore_errors=True)

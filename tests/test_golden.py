@@ -122,7 +122,12 @@ def load_script():
 
 @pytest.mark.skipif(mmap.PAGESIZE != 4096, reason="LMDB writes pages of the OS page size; the golden files have 4 KiB")
 def test_todays_writer_writes_the_golden_v4_dataset_byte_for_byte(tmp_path):
-    load_script().write_golden(tmp_path / "v4", 4)
+    script = load_script()
+    recorded = json.loads((golden(4).parent / script.LIBRARIES_FILE).read_text())
+    if script.writer_libraries() != recorded:  # their output is in the bytes, and is theirs to change
+        pytest.skip(f"the golden files were written with {recorded}, this writer runs on "
+                    f"{script.writer_libraries()}: the bytes may differ without a format change")
+    script.write_golden(tmp_path / "v4", 4)
     for name in [MANIFEST_NAME, *SHARDS]:
         assert (tmp_path / "v4" / name).read_bytes() == (golden(4) / name).read_bytes(), (
             f"{name}: today's writer writes the golden v4 dataset differently: the format changed (a record, a "
