@@ -9,7 +9,9 @@ processes each rank writes ``<out>.rank<r>.json``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -92,6 +94,11 @@ class Recorder(Callback):
         write(self.out, pl_module.steps, {"rank": trainer.global_rank, "world_size": trainer.world_size,
                                           "val_passes": pl_module.val_passes, "saved": self.saved,
                                           "num_training_batches": trainer.num_training_batches})
+        if multiprocessing.parent_process() is not None and trainer.world_size > 1:
+            # A ddp_spawn child: once fit has ended and multiprocessing has handed its results over (the
+            # queue's feeder is joined before the interpreter finalizes), leave before the teardown in which
+            # gloo's threads may abort ("terminate called without an active exception", as in __main__ below).
+            atexit.register(os._exit, 0)
 
 
 def write(out: str, steps: list[dict], extra: dict) -> None:
