@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
     const fs::path writable = scratch / "writable.lmdb";
     fs::copy_file(dir / "dataset" / "shard-00002.lmdb", writable);
     const uintmax_t before = fs::file_size(writable);
-    CHECK(read_with_lmdb(utf8(writable), 0, static_cast<size_t>(before) * 4).size() == counts[2]);
+    const size_t blocks = read_with_lmdb(utf8(writable), MDB_RDONLY, static_cast<size_t>(before)).size();
+    CHECK(blocks > 0 && read_with_lmdb(utf8(writable), 0, static_cast<size_t>(before) * 4).size() == blocks);
 #ifdef _WIN32
     CHECK(fs::file_size(writable) == before * 4);
 #else

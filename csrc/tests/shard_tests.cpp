@@ -989,7 +989,7 @@ void test_held_open(const fs::path& dataset) {
   const std::string path = shard_paths(dataset)[2];
   // Another reader (sharing reads, as py-lmdb's read-only open does) does not stop us.
   while_held(path, "read", [&] {
-    const ShardSet shards({path}, {kSamples - 2 * kPerShard});
+    const ShardSet shards({path}, {kSamples - 2 * kPerShard}, packed(1));
     CHECK(shards.total_records() == kSamples - 2 * kPerShard);
   });
   // A writer does: a loud error naming the file, not a read of a changing file.
