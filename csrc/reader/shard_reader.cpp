@@ -19,6 +19,7 @@ namespace {
 // Measured on 3x32x32 records (docs in csrc/README.md): 512 bytes one record
 // ahead halves the copy time; 4 KiB stalls on the line fill buffers instead.
 constexpr size_t kPrefetchBytes = 512;
+constexpr size_t kPageBytes = 4096;  // the hardware prefetcher's reach: it does not cross a page
 
 // Threads opening the shards of an eager ShardSet at once, at most (and no more than the CPUs).
 constexpr size_t kOpenThreads = 8;
@@ -244,6 +245,14 @@ void ShardSet::prefetch(uint64_t global_index) const noexcept {
   // follows the rest of a long record once the copy streams through it.
   const size_t bytes = std::min<size_t>(size, kPrefetchBytes);
   for (size_t off = 0; off < bytes; off += 64) prefetch_for_read(data + off);
+  // A record running onto the next 4 KiB page (format 4 packs records across pages): the hardware
+  // prefetcher does not follow a stream across a page, so the first lines past it are asked for too.
+  const size_t into_page = reinterpret_cast<uintptr_t>(data) & (kPageBytes - 1);
+  const size_t to_boundary = kPageBytes - into_page;
+  if (to_boundary >= bytes && to_boundary < size) {
+    const size_t more = std::min<size_t>(size - to_boundary, kPrefetchBytes);
+    for (size_t off = 0; off < more; off += 64) prefetch_for_read(data + to_boundary + off);
+  }
 }
 
 }  // namespace fastload
