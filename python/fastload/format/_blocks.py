@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from itertools import accumulate
 from typing import Any
 
+from ..errors import ArgumentError
+
 BLOCK_MAGIC = b"FLBK"
 BLOCK_VERSION = 4  # the format version whose shards hold blocks
 BLOCK_TARGET = 1 << 20  # a block is closed once its value reaches this many bytes
@@ -39,8 +41,11 @@ def encode_block(records: Sequence[bytes], first_key: int, version: int = BLOCK_
     if not records:
         raise BlockError("a block holds at least one record")
     lengths = [len(r) for r in records]
-    if min(lengths) < 1 or max(lengths) >= 1 << 32:
-        raise BlockError("a record of a block is 1 byte to 4 GiB long")
+    if min(lengths) < 1:
+        raise ArgumentError("an empty record: a record is at least its header")
+    if max(lengths) >= 1 << 32:
+        raise ArgumentError(f"a record of {max(lengths)} bytes: a shard holds records below 4 GiB (LMDB's largest "
+                            "value), so a sample's encoded fields must stay below 4 GiB")
     width = _width(lengths)
     common = lengths[0] if width == 0 else 0
     head = BLOCK_HEADER.pack(BLOCK_MAGIC, version, width, 0, first_key, len(records), common)
