@@ -19,9 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lmdb
 import numpy as np
 import pytest
+import shard_edit
 
 import fastload
 from fastload.conversion import _shard_writer
@@ -195,11 +195,7 @@ def write_values(path: Path, values: list[bytes]) -> None:
 
 
 def lmdb_values(shard: Path) -> list[bytes]:
-    env = lmdb.open(str(shard), subdir=False, readonly=True, lock=False)
-    with env.begin() as txn:
-        values = [bytes(v) for _, v in txn.cursor()]
-    env.close()
-    return values
+    return shard_edit.read_values(shard)
 
 
 def set_manifest(dataset: Path, **changes) -> None:
