@@ -341,7 +341,8 @@ class NoRoom(Exception):
 
 
 def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int = 3,
-                stop: threading.Event | None = None, reserve: Callable[[Path], bool] | None = None) -> Path:
+                stop: threading.Event | None = None, reserve: Callable[[Path], bool] | None = None,
+                progress: Callable[[int], None] | None = None) -> Path:
     """Return the cached shard, downloading it first when absent; its bytes always match the manifest.
 
     Call with the shard's lock held (``shard_lock``). A download that fails for a transient reason (a
@@ -352,7 +353,8 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
     in all. Then a RemoteError names the URL once, with the attempts and the time. A missing object
     and a refused permission are not retried. ``reserve(part)`` (a windowed version's,
     ``storage/_window.py``) makes room and creates the ``.part`` file at the shard's full size, or
-    returns False (raised here as NoRoom).
+    returns False (raised here as NoRoom). ``progress(size)`` is called for each chunk received (on this
+    thread), retried downloads included: what the link delivered, not what the shard kept.
     """
     dest = version / shard.file
     if is_whole(dest, shard.bytes):
@@ -377,7 +379,7 @@ def fetch_shard(root: RemoteRoot, version: Path, shard: ShardInfo, attempts: int
         retries, mismatches = Retries(root.options.retries), 0
         while True:
             try:
-                problem = _download(root, shard, dest, part, stop)
+                problem = _download(root, shard, dest, part, stop, progress)
             except TransientError as err:  # not the cache's disk (CacheDiskError), not a 404 or 403: raised
                 if retries.wait(stop):
                     continue
@@ -414,7 +416,8 @@ def _reverified(dest: Path, shard: ShardInfo) -> bool:
     return good
 
 
-def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: threading.Event | None) -> str:
+def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: threading.Event | None,
+              progress: Callable[[int], None] | None = None) -> str:
     """Download ``shard`` into ``part`` (from its start) and rename it ``dest``; return '' or the problem.
 
     The problem: its size or hash do not match the manifest's.
@@ -431,6 +434,8 @@ def _download(root: RemoteRoot, shard: ShardInfo, dest: Path, part: Path, stop: 
             if stop is not None and stop.is_set():
                 raise DownloadStopped(shard.file)
             digest.update(chunk)
+            if progress is not None:
+                progress(len(chunk))
             yield chunk
 
     try:

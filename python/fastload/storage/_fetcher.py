@@ -8,6 +8,10 @@ Policy (which shard next) is this module's; the bytes go through ``fetch_shard``
 manifest, written atomically) under a per-shard file lock, so processes sharing the cache (ranks,
 DataLoader workers) never download one shard twice and never see a torn file.
 
+How many download at once is measured, not fixed (``storage/_concurrency.py``): downloads that share
+one bottleneck end together, so only as many run as raise the aggregate rate, and the shards arrive
+in the order the reader needs them.
+
 Errors: a shard that cannot be fetched is a RemoteError naming its URL, raised in whoever waits for
 it; a wait is bounded (the retry budget, ``retry_timeout_s``, and ``timeout`` bound every download;
 a reader's wait has no shorter bound of its own, so an outage within the budget is ridden out). A closed fetcher
@@ -40,6 +44,7 @@ from ..errors import ArgumentError, RemoteError
 from ..format._manifest import ShardInfo
 from ._cache import DownloadStopped, NoRoom, fetch_shard, hold_shard, is_whole, shard_lock, window_bytes
 from ._client import RemoteRoot
+from ._concurrency import DownloadConcurrency
 from ._locks import FileLock
 from ._room import ROOM_WAIT_S  # the cache's one wait for room: here beyond the retry budget (downloads in
 
@@ -57,8 +62,12 @@ class ShardFetcher:
     """The shards of one cached remote version: which are here, which to fetch next, and waiting for one."""
 
     def __init__(self, root: RemoteRoot, version: Path, shards: list[ShardInfo],
-                 threads: int = DOWNLOAD_THREADS, ahead: int | None = None) -> None:
-        """``ahead``: at most this many shards are downloaded ahead of the reader (``want``'s bound); None: no bound."""
+                 threads: int = DOWNLOAD_THREADS, ahead: int | None = None,
+                 concurrency: DownloadConcurrency | None = None) -> None:
+        """``ahead``: at most this many shards are downloaded ahead of the reader (``want``'s bound); None: no bound.
+
+        ``concurrency``: how many download at once (default: measured, up to ``threads``).
+        """
         self._root, self._version, self._shards = root, version, shards
         self._threads_wanted = max(1, threads)
         self._ahead = ahead
@@ -75,7 +84,8 @@ class ShardFetcher:
         self._stop = threading.Event()
         # (owner, callback): a callback is dropped once its owner (a weak reference) is gone
         self._listeners: list[tuple[weakref.ref[Any], Callable[[int, Path], None]]] = []
-        self._urgent: int | None = None  # a slow start: this many downloads until one shard is whole
+        self._concurrency = concurrency or DownloadConcurrency(self._threads_wanted)  # how many download at once
+        self._received = 0  # bytes received by this fetcher's downloads (the rate _concurrency measures)
         self._plan: NeedPlan | None = None  # when this process's epoch reads each shard (windowed versions)
         self._position = 0  # the next batch the reader submits, in the plan's batches
         self._releasers: list[tuple[weakref.ref[Any], Callable[[int], bool]]] = []
@@ -175,9 +185,10 @@ class ShardFetcher:
 
         A shard whose download failed earlier is tried again; the reader is at batch 0.
 
-        ``first``: how many shards at the head of ``order`` the first batch reads. Until one shard is
-        whole only that many download at once (at least 2): on a link whose bandwidth the downloads
-        share, the first batch's shards then arrive sooner; then all ``threads`` do.
+        ``first``: how many shards at the head of ``order`` the first batch reads: at least that many
+        download at once from the start (capped at ``threads``). How many download at once is then
+        measured (``storage/_concurrency.py``): as few as give the link its full rate, so that shards
+        arrive in the order they are read; a shard a reader waits for starts whatever the number.
 
         ``needs``: the batch of the pass that first reads each shard of ``order`` (non-decreasing).
         With it, and the fetcher's ``ahead`` bound, a shard is downloaded only once it is among the
@@ -201,8 +212,8 @@ class ShardFetcher:
             for i in wanted:  # a new pass tries again what failed before (the store may be back)
                 self._errors.pop(i, None)
             self._queue = [i for i in wanted if not self._done[i] and i not in self._running]
-            if first > 0 and not self._running and self._queue:
-                self._urgent = max(2, first)
+            if first > 0:
+                self._concurrency.start(first)
             self._start_threads()
             self._cond.notify_all()
 
@@ -271,8 +282,7 @@ class ShardFetcher:
 
     def _start_threads(self) -> None:  # with self._cond held
         self._threads = [t for t in self._threads if t.is_alive()]
-        wanted = self._threads_wanted if self._urgent is None else min(self._threads_wanted, self._urgent)
-        while len(self._threads) < min(wanted, len(self._queue)):
+        while len(self._threads) < min(self._threads_wanted, len(self._queue)):
             thread = threading.Thread(target=self._work, name=f"fastload-fetch-{len(self._threads)}", daemon=True)
             self._threads.append(thread)
             thread.start()
@@ -288,6 +298,9 @@ class ShardFetcher:
                                 return
                     if self._stop.is_set():
                         return
+                    if len(self._running) >= self._concurrency.limit and self._queue[0] not in self._waited:
+                        self._cond.wait(_AHEAD_WAIT_S)  # enough downloads at once (a reader waiting goes anyway)
+                        continue
                     pick = self._next_allowed()
                     if pick is not None:
                         break
@@ -298,6 +311,7 @@ class ShardFetcher:
                         self._ahead_waiters -= 1
                 index = self._queue.pop(pick)
                 self._running.add(index)
+                self._report()
             error: BaseException | None = None
             try:
                 path = self._fetch(index)
@@ -313,14 +327,12 @@ class ShardFetcher:
                 error = err
             with self._cond:
                 self._running.discard(index)
+                self._report()
                 self._no_room_since.pop(index, None)  # fetched, or failed: no wait for room goes on
                 if error is None:
                     self._done[index] = True
                 else:
                     self._errors[index] = error
-                if self._urgent is not None:
-                    self._urgent = None
-                    self._start_threads()  # one shard has ended: all the threads from now on
                 self._cond.notify_all()
 
     def _next_allowed(self) -> int | None:  # with self._cond held
@@ -348,7 +360,19 @@ class ShardFetcher:
         shard = self._shards[index]
         with shard_lock(self._version, shard.file):
             return fetch_shard(self._root, self._version, shard, stop=self._stop,
-                               reserve=lambda part: self._reserve(index, part))
+                               reserve=lambda part: self._reserve(index, part), progress=self._on_chunk)
+
+    def _on_chunk(self, size: int) -> None:
+        """Count ``size`` bytes received by a download (on its thread)."""
+        with self._cond:
+            self._received += size
+            self._report()
+
+    def _report(self) -> None:  # with self._cond held
+        """Tell the concurrency what arrived and how many download now; start more when its limit rose."""
+        if self._concurrency.report(time.monotonic(), self._received, len(self._running)):
+            self._start_threads()
+            self._cond.notify_all()
 
     def _next_need(self, index: int) -> float:  # with self._cond held
         return _need(self._plan, self._position, index in self._waited, index)
@@ -391,6 +415,7 @@ class ShardFetcher:
         """Put shard ``index`` back at the head of the queue and wait for the epoch to move on (no room yet)."""
         with self._cond:
             self._running.discard(index)
+            self._report()
             if index in self._waited:  # the clock runs only while a reader waits for this shard
                 since = self._no_room_since.setdefault(index, time.monotonic())
             else:
