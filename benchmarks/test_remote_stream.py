@@ -40,6 +40,7 @@ SHARD_BYTES = 64 << 20
 STREAMED = [ds for ds in DATASETS if ds.name in ("small-raw", "tiles-raw")]
 ROUNDS = 1 if QUICK else 5
 GETS = 8  # concurrent requests of the floor: the loader's download threads
+CONCURRENCY: list[dict] = []  # per cold epoch: the downloads at once it ended with, and the rates measured
 
 
 def sharded_copy(ds) -> Path:
@@ -109,6 +110,8 @@ def cold_epoch(options: dict, url: str, cache: Path, window: int, result: EpochR
         samples += len(batch["label"])
     seconds = time.perf_counter() - start
     assert samples == result.samples
+    tuner = loader.dataset._cached.fetcher._concurrency  # how many downloaded at once (storage/_concurrency.py)
+    CONCURRENCY.append({"limit": tuner.limit, "mb_s": {n: round(r / 1e6) for n, r in tuner.rates().items()}})
     result.seconds.append(seconds)
     result.first_batch.append(first or seconds)
     result.cpu.append(cpu_seconds() - cpu0)
@@ -129,6 +132,7 @@ def test_cold_streamed_epoch_against_the_get_floor(benchmark, s3, ds, window):
     floors, writes, epochs, firsts, ratios = [], [], [], [], []
     held = [(n, (local / n).read_bytes()) for n in names]
     result = EpochResult(samples=ds.count)
+    CONCURRENCY.clear()
     with tempfile.TemporaryDirectory(prefix="fastload-bench-stream-") as tmp:
         rounds = iter(range(1000))
 
@@ -155,7 +159,8 @@ def test_cold_streamed_epoch_against_the_get_floor(benchmark, s3, ds, window):
         "shards": len(names), "shard_mb": size / len(names) / 2**20, "shuffle_window": window,
         "get_floor_s": floors, "cache_write_floor_s": writes, "cold_epoch_s": epochs, "first_batch_s": firsts,
         "floor_over_epoch": ratios, "floor_over_epoch_median": statistics.median(ratios),
-        "first_batch_median_s": statistics.median(firsts)})
+        "first_batch_median_s": statistics.median(firsts), "downloads_at_once": list(CONCURRENCY)})
     print(f"\n{ds.name}, {len(names)} shards of {size / len(names) / 2**20:.0f} MB, shuffle_window={window}: "
           f"GET floor {spread(floors)} s, cache-write floor {spread(writes)} s, cold epoch {spread(epochs)} s, "
-          f"first batch {spread(firsts)} s, floor/epoch {spread(ratios)}")
+          f"first batch {spread(firsts)} s, floor/epoch {spread(ratios)}; downloads at once (MB/s): "
+          f"{[c['mb_s'] for c in CONCURRENCY]}")
