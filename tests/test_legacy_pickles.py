@@ -4,12 +4,18 @@
 was grouped into stage folders (issue 12): its classes are named by their old module paths
 (``fastload._loader.ShardLoader``, ``fastload._format.Field``, ``fastload._compose.MixedShardDataset``...).
 The dataset they refer to is ``./dataset`` (relative), rebuilt here from the same arrays.
+Importing an old path warns (a ``FutureWarning`` naming the new path and the removal, once per process
+and path): each test that imports one first forgets the aliases already imported, so it sees its warning.
 """
 
 from __future__ import annotations
 
+import datetime
+import importlib
 import importlib.util
 import pickle
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,6 +25,15 @@ import fastload
 from fastload.transforms import RandomCrop, RandomFlip
 
 HERE = Path(__file__).parent / "data" / "legacy_pickles"
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def _forget_old_paths(monkeypatch):
+    """Drop the old paths imported so far (restored after the test), so that importing one warns again."""
+    from fastload._moved import MOVED
+
+    for old in MOVED:
+        monkeypatch.delitem(sys.modules, f"fastload.{old}", raising=False)
 
 
 def _writer():
@@ -38,7 +53,13 @@ def legacy(tmp_path, monkeypatch):
     with open(HERE / "pickles.pkl", "rb") as f:
         saved = pickle.load(f)
     assert saved["fastload"] == "0.1.0"
-    return {name: pickle.loads(blob) for name, blob in saved["blobs"].items()}
+    _forget_old_paths(monkeypatch)
+    with pytest.warns(FutureWarning) as warned:
+        loaded = {name: pickle.loads(blob) for name, blob in saved["blobs"].items()}
+    said = " ".join(str(w.message) for w in warned)
+    for old, new in (("_loader", "loading._loader"), ("_format", "format._record"), ("_compose", "loading._compose")):
+        assert f"fastload.{old} is the old path of fastload.{new}" in said
+    return loaded
 
 
 def _rewrite_as_format_2(directory: Path) -> None:
@@ -111,22 +132,42 @@ def test_a_dataset_a_field_and_an_order(legacy):
     assert list(order.positions(0, 40)) == list(fastload.EpochOrder(3, 1, 40).positions(0, 40))
 
 
-def test_every_old_module_path_is_an_alias_of_its_new_module():
-    import importlib
-    import sys
-
-    from fastload._moved import MOVED
+def test_every_old_module_path_is_an_alias_of_its_new_module(monkeypatch):
+    from fastload._moved import MOVED, REMOVED_IN
 
     assert "_loader" in MOVED and "_format" in MOVED
+    _forget_old_paths(monkeypatch)
     for old, new in MOVED.items():
-        alias = importlib.import_module(f"fastload.{old}")
+        with pytest.warns(FutureWarning, match=rf"^fastload\.{old} is the old path of fastload\.{new} .* {REMOVED_IN}"):
+            alias = importlib.import_module(f"fastload.{old}")
         target = importlib.import_module(f"fastload.{new}")
         assert alias is target and sys.modules[f"fastload.{old}"] is target
         assert target.__name__ == f"fastload.{new}" and target.__spec__.name == f"fastload.{new}"
 
 
+def test_an_old_path_warns_at_the_importing_line_once_per_process(monkeypatch):
+    _forget_old_paths(monkeypatch)
+    with pytest.warns(FutureWarning, match="fastload._verify is the old path") as warned:
+        import fastload._verify  # noqa: F401
+    assert [Path(w.filename).name for w in warned] == [Path(__file__).name]  # the user's line, not importlib's
+    with warnings.catch_warnings():  # imported now: no second warning
+        warnings.simplefilter("error")
+        import fastload._verify  # noqa: F401, F811
+        importlib.import_module("fastload._verify")
+
+
+def test_the_removal_is_dated_in_the_code_and_the_upgrading_notes():
+    from fastload._moved import REMOVAL_NOT_BEFORE, REMOVED_IN
+
+    assert datetime.date.fromisoformat(REMOVAL_NOT_BEFORE) > datetime.date(2026, 11, 29)  # when the warning came
+    notes = (DOCS / "upgrading.md").read_text()
+    assert f"fastload {REMOVED_IN}" in notes and REMOVAL_NOT_BEFORE in notes
+
+
 def test_a_monkeypatch_through_an_old_path_reaches_the_new_module(monkeypatch):
-    import fastload._manifest as old  # the old path
+    _forget_old_paths(monkeypatch)
+    with pytest.warns(FutureWarning, match="fastload._manifest is the old path of fastload.format._manifest"):
+        import fastload._manifest as old  # the old path
     from fastload.format import _manifest
 
     monkeypatch.setattr(old, "MANIFEST_NAME", "other.json")

@@ -6,9 +6,15 @@ A pickle names a class by its module: a loader pickled before the move says
 load and old private imports keep working. New code imports the new paths; the tests
 use the old ones only in tests/test_legacy_pickles.py.
 
-Removal: in fastload 0.3 (two minor releases after 0.1, the first to ship the new paths).
-A pickle written by 0.1 or earlier then loads only after it is re-saved by 0.2; the
-README's "Upgrading" note says so. ``REMOVED_IN`` is that version.
+Each old path, the first time a process imports it, warns with a ``FutureWarning`` (shown to
+users by default, unlike a ``DeprecationWarning``: the one who loads an old pickle is usually not
+the one who wrote the import) naming its new path and the removal, so the pickle can be re-saved
+while it still loads.
+
+Removal: in fastload 0.3 (two minor releases after 0.1, the first to ship the new paths), and
+not before ``REMOVAL_NOT_BEFORE`` (six months after the warning first shipped, so a user who
+upgrades rarely sees it at least once). A pickle written by 0.1 or earlier then loads only after
+it is re-saved by 0.2; docs/upgrading.md says how. ``REMOVED_IN`` is that version.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+import warnings
 from typing import Any
 
 REMOVED_IN = "0.3"
+REMOVAL_NOT_BEFORE = "2027-06-01"
 
 # fastload.<old> -> fastload.<new>
 MOVED = {
@@ -78,6 +86,14 @@ MOVED = {
 }
 
 
+def moved_message(old: str) -> str:
+    """Return the warning for importing the old module path ``old`` (``fastload._loader``)."""
+    new = "fastload." + MOVED[old.partition(".")[2]]
+    return (f"{old} is the old path of {new} (before fastload 0.2) and goes in fastload {REMOVED_IN}, not before "
+            f"{REMOVAL_NOT_BEFORE}: import {new}, and load and pickle again anything pickled by fastload 0.1 "
+            "(docs/upgrading.md)")
+
+
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds ``fastload.<old>`` for every old path in :data:`MOVED` (and nothing else).
 
@@ -93,9 +109,12 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        """Return the new module (imported now), remembering its own spec."""
-        module = importlib.import_module("fastload." + MOVED[spec.name.partition(".")[2]])
+        """Return the new module (imported now), remembering its own spec; warn that the old path goes."""
+        new = "fastload." + MOVED[spec.name.partition(".")[2]]
+        module = importlib.import_module(new)
         spec.loader_state = module.__spec__
+        # stacklevel 2: the importer's line (the warnings module skips importlib's bootstrap frames).
+        warnings.warn(moved_message(spec.name), FutureWarning, stacklevel=2)
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
