@@ -16,6 +16,22 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default said once: ``(default: X)`` added only where the help says none.
+
+    argparse's ArgumentDefaultsHelpFormatter appends ``(default: %(default)s)`` to every option,
+    which printed ``(default: drop) (default: None)`` where the help already named the effective
+    default of an option whose parsed default is None (it depends on other options). Nothing is
+    added for a default of None, False or an empty list either: they say nothing to the reader.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text.lower() or action.default in (None, False, [], argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class UsageError(Exception):
     """The command line asks for something impossible; exit status 2."""
 

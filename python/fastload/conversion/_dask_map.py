@@ -91,15 +91,34 @@ def connect(scheduler: str, timeout: float = CONNECT_TIMEOUT_S) -> Any:
 
 
 def describe(client: Any) -> str:
-    """Return one line about the cluster: scheduler, workers, threads and the dashboard's link."""
+    """Return one line about the cluster: scheduler, workers, threads and the dashboard's link when it has one."""
     threads = client.nthreads()
-    try:
-        link = client.dashboard_link
-    except Exception:  # no dashboard on this scheduler (dashboard_address=None)
-        link = None
+    link = dashboard_link(client)
     line = (f"dask: scheduler {client.scheduler.address}, {len(threads)} worker(s), {sum(threads.values())} "
             f"thread(s)")
     return line + (f"; dashboard {link}" if link else "; no dashboard")
+
+
+def dashboard_link(client: Any) -> str | None:
+    """Return the link of the cluster's dashboard, or None when its scheduler serves none.
+
+    ``client.dashboard_link`` is not enough: the scheduler always runs its HTTP server (health,
+    metrics) and registers it as its ``dashboard`` service, also when started without a dashboard
+    (``LocalCluster(dashboard_address=None)``, ``dask scheduler --no-dashboard``) or without bokeh,
+    so the link it gives may lead to nothing. The dashboard itself is a bokeh application that the
+    scheduler adds to its HTTP application: asked there. A scheduler that cannot be asked (the
+    call refused or failed) gets the benefit of the doubt, its link as Dask gives it.
+    """
+    try:
+        link = client.dashboard_link
+    except Exception:  # no HTTP service at all
+        return None
+    try:  # a lambda: sent by value, so the scheduler needs no fastload installed to run it
+        served = client.run_on_scheduler(lambda dask_scheduler: bool(
+            getattr(getattr(dask_scheduler, "http_application", None), "applications", None)))
+    except Exception:
+        return str(link) if link else None
+    return str(link) if link and served else None
 
 
 def dask_ordered_map(client: Any, fn: Callable[..., T], arg_tuples: Iterable[tuple],

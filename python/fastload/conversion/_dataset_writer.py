@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import xxhash
-from tqdm import tqdm
 
+from .._progress import Progress
 from ..errors import FastloadError, ImageReadError, PreprocessError
 from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
 from ..format._record import FORMAT_VERSION
@@ -272,8 +272,9 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         capacity = shard_capacity(job.limits.samples, job.limits.bytes, job.settings.fields)
     if client is not None and capacity is None and progress:
         print(f"dask: {out_dir.name}: the driver writes the shards ({_why_not_planned(planned)})")
-    bar = tqdm(total=sum(counts) if counts is not None else None, initial=sum(e["count"] for e in journal.entries),
-               unit=job.unit, desc=out_dir.name, disable=not progress or None, dynamic_ncols=True)
+    bar = Progress(out_dir.name, sum(counts) if counts is not None else None, unit=job.unit,
+                   initial=sum(e["count"] for e in journal.entries), enabled=progress)
+    completed = False
     try:
         if capacity is not None and journal.dataset_id is None:
             assert counts is not None
@@ -285,13 +286,14 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         elif journal.dataset_id is not None:  # else every source was skipped: an empty dataset
             assert counts is not None
             write_planned(planned, journal, target, counts, capacity, skip_bad, workers, client, bar, delay)
+        completed = True
     except BaseException:
         if isinstance(target, LocalShards):  # what tasks staged is of no use; a bucket's waits for the next run
             with contextlib.suppress(PreprocessError):  # the error that ended the run is the one to raise
                 target.clean_staged()
         raise
     finally:
-        bar.close()
+        bar.close(completed)
     return _finish(job, journal, target, group_samples)
 
 
@@ -306,7 +308,7 @@ def _why_not_planned(job: WriteJob) -> str:
 
 
 def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, workers: int, skip_bad: bool,
-                    client: Any, bar: tqdm, delay: float, identity: str) -> None:
+                    client: Any, bar: Progress, delay: float, identity: str) -> None:
     """Encode from the journal's position on and write the shards here, in order (``identity``: see ``_identity``)."""
     start = journal.position()
     counts = job.tile_counts
@@ -365,7 +367,7 @@ def _write_in_order(job: WriteJob, journal: Journal, target: ShardTarget, worker
                     failures += [str(e) for e in each_error(error)]  # keep decoding, writing nothing more, to list
                     # every bad image
                     continue
-                tqdm.write(f"skipping {src.relpath}: {error.reason}")
+                bar.write(f"skipping {src.relpath}: {error.reason}")
                 journal.skipped.append({"index": index, "path": src.relpath, "error": error.reason})
                 bar.update(counts[index] - first_tile)
                 skipping = index

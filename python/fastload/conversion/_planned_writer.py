@@ -21,8 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from tqdm import tqdm
-
+from .._progress import Progress
 from ..errors import FastloadError, ImageReadError, PreprocessError
 from ._images import undecodable_error
 from ._journal import Journal
@@ -75,7 +74,7 @@ def write_planned_shard(target: ShardTarget | None, encode: Callable[..., list[b
 
 
 def write_first_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[int], capacity: int,
-                        skip_bad: bool, workers: int, client: Any, bar: tqdm, identity: str) -> bool:
+                        skip_bad: bool, workers: int, client: Any, bar: Progress, identity: str) -> bool:
     """Write the first planned shard here, from tasks that encode exactly its samples; return whether it is written.
 
     Its records fix the dataset's id (``_shard_writer.dataset_id``), so they come back to this
@@ -110,7 +109,7 @@ def write_first_planned(job: Any, journal: Journal, target: ShardTarget, counts:
                 if not (skip_bad and job.whole_sources):
                     return False
                 assert first == 0  # the first shard holds its sources from their first sample
-                tqdm.write(f"skipping {relpath}: {error.reason}")
+                bar.write(f"skipping {relpath}: {error.reason}")
                 journal.skipped.append({"index": source, "path": relpath, "error": error.reason})
                 bar.update(effective[source])
                 break
@@ -137,7 +136,7 @@ def _split(pieces: Sequence[Piece], most: int | None) -> Iterator[Piece]:
 
 
 def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[int], capacity: int,
-                  skip_bad: bool, workers: int, client: Any, bar: tqdm, delay: float) -> None:
+                  skip_bad: bool, workers: int, client: Any, bar: Progress, delay: float) -> None:
     """Write every shard after the journal's last one through tasks (see the module).
 
     The tasks run on ``client``'s cluster, or in ``workers`` local processes without one. After a
@@ -185,7 +184,7 @@ def write_planned(job: Any, journal: Journal, target: ShardTarget, counts: list[
                         if first != 0:  # part of it is in a shard already written: it cannot be left out
                             raise PreprocessError(message)
                         relpath = job.sources[source].relpath
-                        tqdm.write(f"skipping {relpath}: {reason}")
+                        bar.write(f"skipping {relpath}: {reason}")
                         journal.skipped.append({"index": source, "path": relpath, "error": reason})
                         skipped.add(source)
                         bar.update(effective[source])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._progress import Progress
 from ..storage import RemoteFolder
 from ._dataset_writer import PreprocessError
 from ._encode import TileSpec
@@ -54,26 +55,31 @@ def probe_map(args: Iterable[tuple], workers: int, client: Any, remote: bool) ->
 
 def probe_all(data_dir: str | Path, sources: list[Source], npy_layout: str, mode: str, workers: int,
               skip_bad: bool, client: Any = None,
-              remote: RemoteFolder | None = None) -> tuple[list[Source], list[ImageInfo], list[dict]]:
+              remote: RemoteFolder | None = None,
+              progress: bool = False) -> tuple[list[Source], list[ImageInfo], list[dict]]:
     """Probe every source; return (readable sources, their infos, the unreadable ones).
 
     The probes run in ``workers`` processes, or on a Dask ``client``'s cluster; with ``remote`` (the
-    folder in object storage ``data_dir`` names) the local processes are fresh interpreters.
+    folder in object storage ``data_dir`` names) the local processes are fresh interpreters. With
+    ``progress``, the files probed are counted as a step ``probe`` (``_progress``): in object
+    storage each probe downloads its file, which can take minutes before the first shard.
 
     Raises PreprocessError listing every unreadable file unless ``skip_bad``.
     """
     good, infos, bad = [], [], []
     args = ((str(data_dir), remote, s.relpath, npy_layout, mode) for s in sources)
     outcomes = probe_map(args, workers, client, remote is not None)
-    for src, (info, err) in zip(sources, outcomes):
-        if err is None:
-            assert info is not None
-            good.append(src)
-            infos.append(info)
-        elif isinstance(err, ImageReadError):
-            bad.append({"path": src.relpath, "error": err.reason})
-        else:
-            raise err
+    with Progress("probe", len(sources), unit="files", enabled=progress, leave=False) as bar:
+        for src, (info, err) in zip(sources, outcomes):
+            if err is None:
+                assert info is not None
+                good.append(src)
+                infos.append(info)
+            elif isinstance(err, ImageReadError):
+                bad.append({"path": src.relpath, "error": err.reason})
+            else:
+                raise err
+            bar.update(1)
     if bad and not skip_bad:
         lines = listed([f"{source_name(str(data_dir), remote, b['path'])}: {b['error']}" for b in bad])
         raise PreprocessError(f"{len(bad)} unreadable image(s); fix or remove them, or pass --skip-bad to skip "

@@ -52,11 +52,15 @@ def direct_target(url: str, storage: StorageOptions, client: Any, split: str = "
     return RemoteShards(join_url(url, split) if split else url, url, storage)
 
 
-def publish_output(staging: Path, url: str, storage: Any, progress: bool) -> None:
-    """Publish the dataset written in ``staging`` to ``url`` (shards, then manifests) and delete the staging."""
+def publish_output(staging: Path, url: str, storage: Any, progress: bool, summary: bool | None = None) -> None:
+    """Publish the dataset written in ``staging`` to ``url`` (shards, then manifests) and delete the staging.
+
+    ``progress``: report the upload as it goes (``_progress``); ``summary`` (default: ``progress``):
+    print one line with the bytes sent and the rate at the end.
+    """
     start = time.perf_counter()
-    sent = publish(staging, url, storage)
-    if progress:
+    sent = publish(staging, url, storage, progress)
+    if progress if summary is None else summary:
         seconds = max(time.perf_counter() - start, 1e-9)
         print(f"published {redact(url)}: {sent / 1e6:.1f} MB in {seconds:.1f} s ({sent / 1e6 / seconds:.1f} MB/s)")
     finish_publish(staging)

@@ -23,6 +23,7 @@ from typing import Any
 
 import lmdb
 
+from .._progress import Progress
 from ..errors import ArgumentError, DatasetError
 from ..format._blocks import BLOCK_VERSION, BlockError
 from ..format._lmdb_check import validate_shard
@@ -109,7 +110,10 @@ def upgrade_dataset(path: str | os.PathLike, *, progress: bool = False) -> Upgra
     and calling this again after an interruption at any point finishes or restarts the upgrade.
     While the old shards are replaced the dataset has no ``manifest.json``, so readers refuse it
     rather than read a mix. It needs free space for one more copy of the dataset. ``progress``
-    prints a line per shard (to stderr). Remote URLs are refused: upgrade a local copy, then upload it.
+    prints a line per shard (to stderr), shows a bar on a terminal and logs the progress of the
+    checks and the rewrite as INFO records of the ``fastload.upgrade`` and ``fastload.verify``
+    loggers (docs/conversion.md, "Progress"). Remote URLs are refused: upgrade a local copy, then
+    upload it.
     """
     if is_remote(path):
         raise ArgumentError(f"{redact(str(path))}: fastload upgrade rewrites a dataset in place and works on local "
@@ -263,16 +267,19 @@ def _stage(directory: Path, staging: Path, manifest: Manifest, progress: bool) -
     schema = schema_fingerprint(fields).to_bytes(8, "little")
     new_id = manifest.dataset_id
     shards: list[ShardInfo] = []
-    for index, old in enumerate(manifest.shards):
-        records = [_as_v4(r, version, schema) for r in _read_records(directory / old.file, old, version, staging)]
-        if new_id is None:  # v1, v2: an id from what the dataset holds, the same for every copy of it
-            identity = f"upgraded from format {version}\n" + "".join(
-                f"{s.file} {s.count} {s.bytes} {s.hash}\n" for s in manifest.shards)
-            new_id = dataset_id(fields, identity, records)
-        info = write_shard(staging, index, records, binding=(fields, new_id))
-        shards.append(info)
-        _say(progress, f"{directory}: shard {index + 1}/{len(manifest.shards)} {old.file}: {old.count} records, "
-                       f"{old.bytes} -> {info.bytes} bytes")
+    with Progress(f"upgrade {directory.name}", manifest.total, enabled=progress, logger="fastload.upgrade") as bar:
+        for index, old in enumerate(manifest.shards):
+            records = [_as_v4(r, version, schema) for r in _read_records(directory / old.file, old, version, staging)]
+            if new_id is None:  # v1, v2: an id from what the dataset holds, the same for every copy of it
+                identity = f"upgraded from format {version}\n" + "".join(
+                    f"{s.file} {s.count} {s.bytes} {s.hash}\n" for s in manifest.shards)
+                new_id = dataset_id(fields, identity, records)
+            info = write_shard(staging, index, records, binding=(fields, new_id))
+            shards.append(info)
+            if progress:
+                bar.write(f"{directory}: shard {index + 1}/{len(manifest.shards)} {old.file}: {old.count} records, "
+                          f"{old.bytes} -> {info.bytes} bytes", file=sys.stderr)
+            bar.update(old.count)
     if new_id is None:  # an empty v1 or v2 dataset
         new_id = dataset_id(fields, f"upgraded from format {version}\n", [])
     new = Manifest(fields, shards, dict(manifest.provenance), dict(manifest.extra), BLOCK_VERSION, new_id)

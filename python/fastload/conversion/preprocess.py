@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import shlex
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from .._progress import lines_to_stderr
 from ..errors import ArgumentError, ClusterError, DatasetError, _unwinding_ctrl_c
 from ..format._codecs import (
     CODECS,
@@ -37,7 +39,7 @@ from ..format._record import Field
 from ..format._splits import SPLITS_NAME, write_splits
 from ..storage import RemoteFolder, is_remote, redact
 from ._auto import PREFERENCES, Choice, choose_codec, sample_indices
-from ._cli_options import UsageError, check_options, parse_hw, parse_size
+from ._cli_options import HelpFormatter, UsageError, check_options, parse_hw, parse_size
 from ._dask_map import CONNECT_TIMEOUT_S, check_client, connect, describe
 from ._dataset_writer import PreprocessError, ShardLimits, WriteJob, WriteResult, write_dataset
 from ._dense_run import (
@@ -100,7 +102,7 @@ _OPTIONS_IN_PROVENANCE = ("labels", "labels_from_dirs", "label_column", "path_co
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of ``preprocess_tiles``."""
     p = argparse.ArgumentParser(prog="preprocess_tiles", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--data-dir", "--data_dir", dest="data_dir", required=True, type=_location,
                    help="folder of .png/.jpg/.tif/.npy files, searched recursively; or a URL of object storage "
                         "(s3://, gs://, az://, https://; needs fastload[remote], credentials from the environment), "
@@ -157,31 +159,38 @@ def build_parser() -> argparse.ArgumentParser:
                         "shard mixes classes and sources (the train/val split is by source first); source: one "
                         "source after another, as found (sorted paths: one class after another with "
                         "--labels-from-dirs)")
-    p.add_argument("--samples-per-shard", type=int)
+    p.add_argument("--samples-per-shard", type=int, metavar="N",
+                   help="close a shard after N samples (with --shard-size: at whichever limit comes first; "
+                        "alone: the only limit). A fixed count lets the shards be planned before encoding, so that "
+                        "the Dask workers (or 4 or more --workers) write them instead of this process "
+                        "(docs/dask.md, \"Who writes the shards\")")
     p.add_argument("--shard-size", type=parse_size,
-                   help="target shard size, e.g. 512MB (default 256MB); two shards are held in memory")
+                   help="target shard size, e.g. 512MB (default: 256MB, none with --samples-per-shard alone); two "
+                        "shards are held in memory")
     p.add_argument("--codec", choices=[*CODECS, "auto"], default="raw",
                    help="auto: try the codecs that fit on a sample of the tiles and pick by --prefer")
     p.add_argument("--prefer", choices=PREFERENCES, default="balanced",
                    help="--codec auto's rule: smallest output (size), smallest among codecs decoding at least 5%% "
                         "(balanced) or 50%% (speed) of raw's speed")
     p.add_argument("--lossy-ok", action="store_true", help="--codec auto may pick jpeg")
-    p.add_argument("--level", type=int, help="zstd level (default 3), lz4 level (0 fast, default; 1-12 LZ4HC) or "
-                   "png zlib level (default 6)")
-    p.add_argument("--quality", type=int, help=f"jpeg quality, 1-100 (default {JPEG_QUALITY})")
+    p.add_argument("--level", type=int, help="compression level: zstd 1-22, lz4 0-12 (0: fast, 1-12: LZ4HC), png "
+                   "zlib 0-9 (default: zstd 3, lz4 0, png 6)")
+    p.add_argument("--quality", type=int, help=f"jpeg quality, 1-100 (default: {JPEG_QUALITY})")
     p.add_argument("--subsampling", choices=JPEG_SUBSAMPLING,
-                   help=f"jpeg chroma subsampling of 3-channel images (default {JPEG_DEFAULT_SUBSAMPLING})")
+                   help=f"jpeg chroma subsampling of 3-channel images (default: {JPEG_DEFAULT_SUBSAMPLING})")
     p.add_argument("--workers", type=int, default=1, help="encoding processes; output is identical for any value")
     p.add_argument("--scheduler", metavar="ADDRESS_OR_FILE",
                    help="encode on this Dask cluster instead of local processes: a scheduler address "
                         "(tcp://host:8786) or scheduler file (JSON); needs the extra fastload[dask]; identical output")
     p.add_argument("--scheduler-timeout", type=float, metavar="SECONDS",
-                   help="how long to wait for the --scheduler to answer (default 30)")
+                   help=f"how long to wait for the --scheduler to answer (default: {CONNECT_TIMEOUT_S:g})")
     p.add_argument("--skip-bad", action="store_true", help="skip unreadable images, listing them in the manifest")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     mode.add_argument("--resume", action="store_true", help="continue an interrupted run")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="report no progress: no bar on a terminal, no progress lines on stderr without one "
+                        "(docs/conversion.md, \"Progress\")")
     p.add_argument("--absolute-source-root", action="store_true",
                    help="record the absolute path of --data-dir in the manifests (default: relative to the dataset)")
     return p
@@ -399,7 +408,7 @@ def _run_to_url(args: argparse.Namespace, client: Any, url: str) -> list[WriteRe
         results = run(args, client)
     finally:
         args.output_dir, args.absolute_source_root, args.publish_to = url, saved, None
-    publish_output(staging, url, storage, progress=True)
+    publish_output(staging, url, storage, progress=not args.no_progress, summary=True)
     return results
 
 
@@ -428,7 +437,7 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
         plans = [stack_plan(name, part, stacks) for name, part in parts]
     else:
         good, infos, probe_bad = probe_all(data_dir, sources, args.npy_layout, args.mode, args.workers,
-                                           args.skip_bad, client, remote)
+                                           args.skip_bad, client, remote, progress=not args.no_progress)
         if not good:
             raise PreprocessError(f"{data_dir}: every image was unreadable")
         info_of = {s.relpath: i for s, i in zip(good, infos)}
@@ -627,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # to name the command that works in messages
     start = time.perf_counter()
     try:
-        results = run(args)
+        with lines_to_stderr("preprocess_tiles") if not args.no_progress else contextlib.nullcontext():
+            results = run(args)
     except UsageError as err:
         print(f"preprocess_tiles: error: {err}", file=sys.stderr)
         return 2

@@ -1,13 +1,12 @@
 """Checking a dataset: the manifest, every shard's hash and every record's checksum.
 
 Shards are checked by ``jobs`` threads (reading, hashing and zstd release the
-GIL), reported in shard order; a progress bar counts bytes hashed.
+GIL), reported in shard order; progress (``_progress``) counts bytes hashed.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,9 +16,9 @@ from typing import Any
 
 import numpy as np
 import xxhash
-from tqdm import tqdm
 
 from .._extension import require as native_core
+from .._progress import Progress
 from ..errors import (
     ArgumentError,
     CorruptRecordError,
@@ -174,17 +173,13 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
         scenes = None
     fingerprints = manifest.record_fingerprints()
     total = sum(s.bytes for s in manifest.shards)
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"verify {directory.name}", disable=not progress or None,
-               dynamic_ncols=True, leave=False)
-    lock = threading.Lock()
-
-    def advance(n: int) -> None:
-        with lock:
-            bar.update(n)
-
+    shown = f"{directory.parent.name}/{directory.name}" if directory.name.startswith(".") else directory.name
+    bar = Progress(f"verify {shown}", total, unit="B", enabled=progress, logger="fastload.verify",
+                   leave=False)
+    completed = False
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="fastload-verify") as pool:
-            outcomes = pool.map(lambda s, fp: check_shard(directory, s, manifest.fields, advance,
+            outcomes = pool.map(lambda s, fp: check_shard(directory, s, manifest.fields, bar.update,
                                                           allow_external_shards, manifest.format_version, fp,
                                                           scenes),
                                 manifest.shards, fingerprints)
@@ -195,8 +190,9 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
                 for line in problems:
                     report.problems.append(line)
                     on_problem(line)
+        completed = True
     finally:
-        bar.close()
+        bar.close(completed)
     report.seconds = time.perf_counter() - start
     return report
 

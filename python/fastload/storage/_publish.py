@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .._progress import Progress
 from ..errors import DatasetError, RemoteError
 from ..format._manifest import MANIFEST_NAME, Manifest, load_manifest
 from ..format._manifest_check import MAX_MANIFEST_BYTES
@@ -74,8 +75,12 @@ def remote_dataset_exists(url: str, options: StorageOptions) -> bool:
     return root.exists(MANIFEST_NAME) or root.exists(SPLITS_NAME)
 
 
-def publish(local: Path, url: str, options: StorageOptions) -> int:
-    """Upload the dataset written in ``local`` to ``url``: shards first, manifests last; return the bytes sent."""
+def publish(local: Path, url: str, options: StorageOptions, progress: bool = False) -> int:
+    """Upload the dataset written in ``local`` to ``url``: shards first, manifests last; return the bytes sent.
+
+    ``progress``: a bar on a terminal, lines in a command's log, INFO records of the ``fastload.publish``
+    logger (``_progress``), counting the bytes of each file once it is uploaded and checked.
+    """
     obstore = _obstore()
     root = RemoteRoot(url, options)
     files = sorted((p for p in local.rglob("*") if p.is_file() and not _hidden(p.relative_to(local))),
@@ -91,9 +96,13 @@ def publish(local: Path, url: str, options: StorageOptions) -> int:
     for name in _manifests_at(root, obstore):  # the old dataset stops looking complete before a file changes
         _delete(root, obstore, name)
     sent = 0
-    for path in files:
-        name = path.relative_to(local).as_posix()
-        sent += upload_file(root, name, path)
+    with Progress(f"publish {redact(url)}", sum(p.stat().st_size for p in files), unit="B", enabled=progress,
+                  logger="fastload.publish") as bar:
+        for path in files:
+            name = path.relative_to(local).as_posix()
+            size = upload_file(root, name, path)
+            sent += size
+            bar.update(size)
     for name in _listed(root, obstore):  # an older dataset's shards that this one does not have
         if name.endswith(".lmdb") and name not in staged and name not in elsewhere:
             _delete(root, obstore, name)

@@ -7,9 +7,12 @@ manifests only, ``verify`` downloads the dataset into the cache and checks it th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
+from .._progress import lines_to_stderr
+from ..conversion._cli_options import HelpFormatter
 from ..conversion._upgrade import upgrade_dataset
 from ..errors import FastloadError, _unwinding_ctrl_c
 from ..format._splits import split_dirs
@@ -17,45 +20,61 @@ from ..format._verify import VerifyReport, verify_dataset
 from ..storage import CachedDataset, RemoteSpec, is_remote, open_remote, redact, remote_splits
 from ._info import describe_dataset, describe_installation
 
+_NO_PROGRESS = ("report no progress: no bar on a terminal, no progress lines on stderr without one "
+                "(docs/conversion.md, \"Progress\")")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the ``fastload`` command and its sub-commands."""
+    parser = argparse.ArgumentParser(prog="fastload", description="Inspect and check fastload shard datasets.",
+                                     formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    verify = sub.add_parser("verify", help="check the manifest, shard hashes and every record's checksum",
+                            formatter_class=HelpFormatter)
+    verify.add_argument("directory", help="a dataset, or a root with splits.json (every split is checked)")
+    verify.add_argument("--jobs", type=int, default=1, help="shards checked in parallel (threads)")
+    verify.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS)
+    verify.add_argument("--allow-external-shards", action="store_true",
+                        help="read shards whose real path (a symbolic link) leaves the dataset directory")
+    info = sub.add_parser("info", help="describe a dataset, or this installation when no directory is given",
+                          formatter_class=HelpFormatter)
+    info.add_argument("directory", nargs="?", help="a dataset or a root with splits.json; a URL fetches its "
+                                                   "manifests only")
+    bench = sub.add_parser("bench", help="sweep thread counts over a dataset and recommend one",
+                           formatter_class=HelpFormatter)
+    bench.add_argument("directory", help="a dataset")
+    bench.add_argument("--batch-size", type=int, default=256, help="samples per batch")
+    bench.add_argument("--max-batches", type=int, help="stop each pass after this many batches")
+    bench.add_argument("--threads", type=int, nargs="+", help="thread counts to try (default: 1 to the CPU count)")
+    bench.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS)
+    upgrade = sub.add_parser("upgrade", help="rewrite a format 1, 2 or 3 dataset in place as format 4 (safe to "
+                                             "interrupt: run it again to finish)", formatter_class=HelpFormatter)
+    upgrade.add_argument("directory", help="a local dataset, or a root with splits.json (every split is upgraded)")
+    upgrade.add_argument("--no-progress", action="store_true", help=f"{_NO_PROGRESS}; no line per shard")
+    return parser
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fastload`` command; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="fastload", description="Inspect and check fastload shard datasets.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    verify = sub.add_parser("verify", help="check the manifest, shard hashes and every record's checksum")
-    verify.add_argument("directory", help="a dataset, or a root with splits.json (every split is checked)")
-    verify.add_argument("--jobs", type=int, default=1, help="shards checked in parallel (threads)")
-    verify.add_argument("--no-progress", action="store_true", help="no progress bar")
-    verify.add_argument("--allow-external-shards", action="store_true",
-                        help="read shards whose real path (a symbolic link) leaves the dataset directory")
-    info = sub.add_parser("info", help="describe a dataset, or this installation when no directory is given")
-    info.add_argument("directory", nargs="?")
-    bench = sub.add_parser("bench", help="sweep thread counts over a dataset and recommend one")
-    bench.add_argument("directory")
-    bench.add_argument("--batch-size", type=int, default=256)
-    bench.add_argument("--max-batches", type=int, help="stop each pass after this many batches")
-    bench.add_argument("--threads", type=int, nargs="+", help="thread counts to try (default: 1 to the CPU count)")
-    upgrade = sub.add_parser("upgrade", help="rewrite a format 1, 2 or 3 dataset in place as format 4 (safe to "
-                                             "interrupt: run it again to finish)")
-    upgrade.add_argument("directory", help="a local dataset, or a root with splits.json (every split is upgraded)")
-    upgrade.add_argument("--no-progress", action="store_true", help="no line per shard, no progress bar")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
     if args.command == "bench":
         from ._bench import format_sweep, sweep  # imports torch, which verify and info do not need
 
         try:
-            rows = sweep(args.directory, args.batch_size, args.max_batches, args.threads)
+            with lines_to_stderr("fastload") if not args.no_progress else contextlib.nullcontext():
+                rows = sweep(args.directory, args.batch_size, args.max_batches, args.threads, not args.no_progress)
         except (FastloadError, ValueError) as err:
             print(f"fastload: error: {err}", file=sys.stderr)
             return 1
         print(format_sweep(rows))
         return 0
 
-    if args.command == "verify":
-        return _verify(args.directory, args.jobs, not args.no_progress, args.allow_external_shards)
-    if args.command == "upgrade":
-        return _upgrade(args.directory, not args.no_progress)
+    if args.command in ("verify", "upgrade"):
+        with lines_to_stderr("fastload") if not args.no_progress else contextlib.nullcontext():
+            if args.command == "verify":
+                return _verify(args.directory, args.jobs, not args.no_progress, args.allow_external_shards)
+            return _upgrade(args.directory, not args.no_progress)
     try:
         print(describe_dataset(args.directory) if args.directory else describe_installation())
     except FastloadError as err:

@@ -53,11 +53,18 @@ def write_sample_images(root: Path) -> tuple[Path, Path]:
     return photos, rasters
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the demo."""
+    parser = argparse.ArgumentParser(prog="python -m fastload.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output-dir", type=Path, default=Path("demo-output"),
+                        help="where the sample images and the datasets are written (replaced if it exists; "
+                             "default: demo-output)")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m fastload.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output-dir", type=Path, default=Path("demo-output"))
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     out: Path = args.output_dir
     if out.exists():
         shutil.rmtree(out)
