@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import faulthandler
 import json
 import multiprocessing
 import os
@@ -25,6 +26,33 @@ import fastload
 from fastload import ShardLoader
 
 BATCH, SEED = 10, 7
+STACKS_EVERY_S = 30.0  # a process still running after this long writes its threads' stacks (again this often)
+
+
+def keep_evidence() -> None:
+    """Have this process (any rank, however launched) write faulthandler's reports to ``<out>.faults-<pid>``.
+
+    Module level, so that every process running this file does it: the main one, the ranks Lightning's
+    ``ddp`` starts as scripts, ``ddp_spawn``'s children (which import this file) and torchrun's. A rank
+    that dies of a fatal signal (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) leaves the stacks of all its
+    threads there; one still running after ``STACKS_EVERY_S`` writes them too, and again every
+    ``STACKS_EVERY_S``: where a slow or stuck rank waits. A SIGKILL (the OOM killer, Lightning's child
+    observer) leaves nothing: the process's exit status names it. The tests show these files on failure.
+    """
+    if len(sys.argv) < 4 or sys.argv[1] not in ("lightning", "plain", "fabric"):
+        return
+    try:
+        report = open(f"{sys.argv[3]}.faults-{os.getpid()}", "w", encoding="utf-8")  # open until the process ends
+    except OSError:
+        return
+    report.write(f"pid {os.getpid()} (parent {os.getppid()}), LOCAL_RANK={os.environ.get('LOCAL_RANK', '-')} "
+                 f"RANK={os.environ.get('RANK', '-')}, {multiprocessing.current_process().name}\n")
+    report.flush()
+    faulthandler.enable(file=report, all_threads=True)
+    faulthandler.dump_traceback_later(STACKS_EVERY_S, repeat=True, file=report)
+
+
+keep_evidence()
 
 
 def make_loader(path: str, shuffle: bool = True, backend: str = "auto") -> ShardLoader:

@@ -62,11 +62,32 @@ def run(tmp: Path, name: str, url: str, remote: Path, *args: str, killed: bool =
             os.killpg(proc.pid, signal.SIGKILL)  # a rank left behind by a killed run
         except ProcessLookupError:
             pass
+    cache = Path(json.loads(remote.read_text())["cache_dir"])
     if killed:
-        assert proc.returncode == -signal.SIGKILL, f"{name}:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+        assert proc.returncode == -signal.SIGKILL, evidence(out, proc.returncode, stdout, stderr, cache)
         return []
-    assert proc.returncode == 0, f"{name} failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+    assert proc.returncode == 0, evidence(out, proc.returncode, stdout, stderr, cache)
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
+
+
+def evidence(out: Path, returncode: int, stdout: str, stderr: str, cache: Path) -> str:
+    """Return what a failed run left: its exit status, faulthandler's reports, the cache, its output (kept whole).
+
+    Both ranks write to one stderr, so its tail alone may hold only the survivor's traceback (gloo's
+    "Connection closed by peer"); the whole of it is kept in ``<out>.stderr``. A rank Lightning
+    started reports its exit status in stderr ("Child process ... terminated with code"); a rank's
+    fatal signal, or where it waited, is in its ``<out>.faults-<pid>`` (tests/lightning_worker.py).
+    """
+    Path(f"{out}.stdout").write_text(stdout)
+    Path(f"{out}.stderr").write_text(stderr)
+    status = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
+    reports = sorted(out.parent.glob(f"{out.name}.faults-*"))
+    faults = "".join(f"\n--- {p.name}:\n{p.read_text()[-6000:]}" for p in reports)
+    files = "\n".join(f"{p.relative_to(cache)} {p.stat().st_size}" for p in sorted(cache.rglob("*")) if p.is_file()
+                      and not p.name.endswith((".lock", ".readers")))  # (locks are empty; the kernel held them)
+    return (f"{out.name}: {status}; whole output in {out}.stdout and {out}.stderr\n{faults}\n--- the cache:\n"
+            f"{files}\n--- stdout:\n"
+            f"{stdout[-3000:]}\n--- stderr:\n{stderr[-20000:]}")
 
 
 def test_a_ddp_run_from_a_bucket_killed_mid_epoch_resumes_with_the_same_cache_limit(s3_root, tmp_path):
