@@ -279,6 +279,22 @@ def test_an_interrupted_conversion_ends_on_whole_lines_and_its_resume_counts_fro
     assert mine[-1]["pct"] == "100" and mine[-1]["done"] is not None
 
 
+def test_scenes_with_targets_report_the_partner_probe_and_the_labelled_tile_count(tmp_path, capsys):
+    from test_dense_conversion import convert, make_scenes
+
+    root = make_scenes(tmp_path)  # three scenes, each with a mask and a DEM
+    assert convert(root, "--tile-size", "64", "--stride", "48", "--edge", "pad", "--ignore-index", "255",
+                   "--min-labelled", "0.6") == 0  # in this process: the command's block, stderr captured
+    lines = parsed(capsys.readouterr().err, "preprocess_tiles")
+    steps = {m["desc"]: m for m in lines}
+    assert set(steps) == {"probe", "probe partners", "min-labelled", "out"}
+    check_steps([m for m in lines if m["desc"] != "out"], {"probe": 3, "probe partners": 3, "min-labelled": 3})
+    assert steps["probe partners"]["unit"] == "scenes" and steps["min-labelled"]["done"] is not None
+    assert convert(root, "--tile-size", "64", "--stride", "48", "--edge", "pad", "--ignore-index", "255",
+                   "--min-labelled", "0.6", "--no-progress", out="quiet") == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_verify_and_upgrade_report_progress_lines(tmp_path):
     from test_upgrade import write_old
 

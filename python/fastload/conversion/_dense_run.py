@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .._progress import Progress
 from ..errors import PreprocessError
 from ._cli_options import UsageError
 from ._encode import EncodeSettings, count_tiles
@@ -111,16 +112,22 @@ def dense_spec(args: argparse.Namespace, partner_infos: list[ImageInfo]) -> Dens
                      labelled_target=labelled if fraction is not None else None)
 
 
-def kept_tile_counts(settings: EncodeSettings, sources: list[Source], workers: int, client: Any) -> dict[str, int]:
-    """Return source path -> tiles that ``--min-labelled`` keeps, reading each scene's target once."""
+def kept_tile_counts(settings: EncodeSettings, sources: list[Source], workers: int, client: Any,
+                     progress: bool = False) -> dict[str, int]:
+    """Return source path -> tiles that ``--min-labelled`` keeps, reading each scene's target once.
+
+    With ``progress``, the scenes read are counted as a step ``min-labelled`` (``_progress``).
+    """
     remote = settings.remote is not None or any(p.remote is not None for p in settings.dense.partners)
     outcomes = ordered_map(count_tiles, ((settings, s) for s in sources), workers, client=client,
                            fresh_workers=remote)
     counts = {}
-    for src, (count, err) in zip(sources, outcomes):
-        if err is not None:
-            raise PreprocessError(str(err)) from err
-        counts[src.relpath] = int(count or 0)
+    with Progress("min-labelled", len(sources), unit="scenes", enabled=progress, leave=False) as bar:
+        for src, (count, err) in zip(sources, outcomes):
+            if err is not None:
+                raise PreprocessError(str(err)) from err
+            counts[src.relpath] = int(count or 0)
+            bar.update(1)
     return counts
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._progress import Progress
 from ..errors import ImageReadError, PreprocessError
 from ..format._codecs import CODECS, IMAGE_CODECS, default_options
 from ..format._dtypes import dtype_name
@@ -31,12 +32,13 @@ LOSSY = ("jpeg",)
 
 
 def probe_partners(partners: Sequence[Partner], sources: list[Source], image_infos: dict[str, ImageInfo],
-                   npy_layout: str, workers: int, skip_bad: bool,
-                   client: Any = None) -> tuple[list[Source], dict[str, list[ImageInfo]], list[dict]]:
+                   npy_layout: str, workers: int, skip_bad: bool, client: Any = None,
+                   progress: bool = False) -> tuple[list[Source], dict[str, list[ImageInfo]], list[dict]]:
     """Probe every partner file of ``sources``; return (sources whose pairs are good, their partners' infos, bad).
 
     A pair is bad when a partner is unreadable or its height and width differ from its image's.
-    Raises PreprocessError listing every bad pair unless ``skip_bad``.
+    Raises PreprocessError listing every bad pair unless ``skip_bad``. With ``progress``, the
+    files probed are counted as a step ``probe partners`` (``_progress``).
     """
     args = [(p.data_dir, p.remote, rel, npy_layout, "labels" if p.role == "target" else "keep")
             for s in sources for p, rel in zip(partners, s.partners)]
@@ -45,32 +47,34 @@ def probe_partners(partners: Sequence[Partner], sources: list[Source], image_inf
     good: list[Source] = []
     infos: dict[str, list[ImageInfo]] = {}
     bad: list[dict] = []
-    for src in sources:
-        image = image_infos[src.relpath]
-        found: list[ImageInfo] = []
-        errors: list[str] = []
-        for partner, rel in zip(partners, src.partners):
-            info, err = next(outcomes)
-            if err is not None or info is None:
-                if not isinstance(err, ImageReadError):
-                    raise err if err is not None else AssertionError("a probe gave neither info nor error")
-                errors.append(f"{partner.name} {partner.where(rel)}: {err.reason}")
-                continue
-            if (info.height, info.width) != (image.height, image.width):
-                errors.append(f"{partner.name} {partner.where(rel)} is {info.height}x{info.width}, its image "
-                              f"{src.relpath} {image.height}x{image.width}")
-            elif partner.role == "target" and rel.lower().endswith((".jpg", ".jpeg")):
-                errors.append(f"{partner.name} {partner.where(rel)} is a JPEG: its lossy compression has changed "
-                              "label values (save masks as PNG or TIFF)")
-            elif not same_place(image.georef, info.georef):
-                errors.append(f"{partner.name} {partner.where(rel)} is georeferenced elsewhere than its image "
-                              f"{src.relpath}: {_place(info.georef)} against {_place(image.georef)}")
-            found.append(info)
-        if errors:
-            bad.append({"path": src.relpath, "error": "; ".join(errors)})
-        else:
-            good.append(src)
-            infos[src.relpath] = found
+    with Progress("probe partners", len(sources), unit="scenes", enabled=progress, leave=False) as bar:
+        for src in sources:
+            image = image_infos[src.relpath]
+            found: list[ImageInfo] = []
+            errors: list[str] = []
+            for partner, rel in zip(partners, src.partners):
+                info, err = next(outcomes)
+                if err is not None or info is None:
+                    if not isinstance(err, ImageReadError):
+                        raise err if err is not None else AssertionError("a probe gave neither info nor error")
+                    errors.append(f"{partner.name} {partner.where(rel)}: {err.reason}")
+                    continue
+                if (info.height, info.width) != (image.height, image.width):
+                    errors.append(f"{partner.name} {partner.where(rel)} is {info.height}x{info.width}, its image "
+                                  f"{src.relpath} {image.height}x{image.width}")
+                elif partner.role == "target" and rel.lower().endswith((".jpg", ".jpeg")):
+                    errors.append(f"{partner.name} {partner.where(rel)} is a JPEG: its lossy compression has changed "
+                                  "label values (save masks as PNG or TIFF)")
+                elif not same_place(image.georef, info.georef):
+                    errors.append(f"{partner.name} {partner.where(rel)} is georeferenced elsewhere than its image "
+                                  f"{src.relpath}: {_place(info.georef)} against {_place(image.georef)}")
+                found.append(info)
+            if errors:
+                bad.append({"path": src.relpath, "error": "; ".join(errors)})
+            else:
+                good.append(src)
+                infos[src.relpath] = found
+            bar.update(1)
     if bad and not skip_bad:
         lines = listed([f"{b['path']}: {b['error']}" for b in bad])
         raise PreprocessError(f"{len(bad)} scene(s) whose partner rasters do not fit their image; fix them, or pass "

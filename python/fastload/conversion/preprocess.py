@@ -446,7 +446,7 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
         if partners:
             good = [s for s in good if s.partners]  # the others lack a partner file (skipped: --skip-bad)
             good, pair_infos, pair_bad = probe_partners(partners, good, info_of, args.npy_layout, args.workers,
-                                                        args.skip_bad, client)
+                                                        args.skip_bad, client, progress=not args.no_progress)
             probe_bad += args.pair_missing + pair_bad
             if not good:
                 raise PreprocessError(f"{data_dir}: no scene has all its partner rasters readable and of its size")
@@ -479,7 +479,8 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
             fields += (Field("label", "int64", ()),)
         settings = EncodeSettings(str(data_dir), fields, tiles, layout, args.npy_layout, args.mode, remote, spec)
         if spec.min_labelled is not None:
-            kept = kept_tile_counts(settings, [s for p in plans for s in p.sources], args.workers, client)
+            kept = kept_tile_counts(settings, [s for p in plans for s in p.sources], args.workers, client,
+                                    progress=not args.no_progress)
             for plan in plans:
                 plan.tile_counts = [kept[s.relpath] for s in plan.sources]
         if spec.windows:
