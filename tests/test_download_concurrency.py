@@ -207,3 +207,42 @@ def test_a_shard_a_reader_waits_for_downloads_past_the_limit(bucket, tmp_path):
         fetcher.close()
     finally:
         fp.close()
+
+
+def test_an_outage_does_not_hold_the_limit_high_once_the_shared_link_is_back():
+    tuner = DownloadConcurrency(8, retry_s=5.0)
+
+    def outage(n: int, t: float) -> float:
+        return 2e6 if 2.0 < t < 6.0 else 700e6  # 4 s of next to nothing, then the shared link again
+
+    limits, _, _ = simulate(tuner, outage, 40.0)
+    assert limits[-1] == 2 and limits[-len(limits) // 4:].count(2) >= 0.9 * (len(limits) // 4)
+
+
+@pytest.mark.parametrize("bad", [{"window_s": 0}, {"window_bytes": 0}, {"retry_s": -1.0}])
+def test_windows_and_retries_of_no_length_are_refused(bad):
+    from fastload.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="must be positive"):
+        DownloadConcurrency(8, **bad)
+
+
+def test_verify_of_a_bucket_reports_its_download_in_a_log_and_names_the_url_not_the_cache(bucket, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    options, url, _ = bucket
+    env = {**os.environ, "AWS_ENDPOINT_URL": options["endpoint"], "AWS_ACCESS_KEY_ID": "tester",
+           "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+           "AWS_EC2_METADATA_DISABLED": "true", "FASTLOAD_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "fastload.tools.cli", "verify", url], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    download = [line for line in done.stderr.splitlines() if line.startswith(f"fastload: download {url}: ")]
+    assert download[0].endswith("(0 %)") and "(100 %)" in download[-1] and "done in" in download[-1], done.stderr
+    verify = [line for line in done.stderr.splitlines() if line.startswith("fastload: verify ")]
+    assert verify and all(line.startswith(f"fastload: verify {url}: ") for line in verify), done.stderr
+    quiet = subprocess.run([sys.executable, "-m", "fastload.tools.cli", "verify", "--no-progress", url], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and "download" not in quiet.stderr and "%" not in quiet.stderr, quiet.stderr

@@ -96,14 +96,44 @@ def test_a_line_every_interval_when_the_tenths_come_slowly():
     assert len(out.getvalue().splitlines()) == 1  # the start line only
     clock.now += 1.0
     bar.update(1)  # 10 s since the start line
-    assert out.getvalue().splitlines()[-1] == "tool: ds: 10/1,000 tiles (1 %), 1 tiles/s, ETA 0:16:30"
+    assert out.getvalue().splitlines()[-1] == "tool: ds: 10/1,000 tiles (1 %), 1.0 tiles/s, ETA 0:16:30"
     clock.now += 10.0
-    bar.tick()  # no update for 10 s: the heartbeat's call says where it stands
-    assert out.getvalue().splitlines()[-1] == "tool: ds: 10/1,000 tiles (1 %), 0 tiles/s, ETA 0:33:00"
+    bar.tick()  # no update for 10 s: the heartbeat's call says where it stands (a slow rate as time per unit)
+    assert out.getvalue().splitlines()[-1] == "tool: ds: 10/1,000 tiles (1 %), 2.0 s/tile, ETA 0:33:00"
     bar.tick()  # and not again before another interval
     assert len(out.getvalue().splitlines()) == 3
     bar.close(completed=False)  # an error or Ctrl-C: no last line
     assert len(out.getvalue().splitlines()) == 3
+
+
+def test_a_last_unit_after_a_long_wait_is_said_once_by_the_last_line():
+    clock, out = Clock(), io.StringIO()
+    with reporter(8, clock, out) as bar:
+        bar.update(7)
+        clock.now += 30.0
+        bar.update(1)  # 100 %, and the interval has passed: the last line alone says it
+    lines = out.getvalue().splitlines()
+    assert [line for line in lines if "(100 %)" in line] == [lines[-1]] and lines[-1].endswith("done in 0:00:30")
+
+
+def test_records_logged_to_the_bars_terminal_do_not_run_into_the_bar():
+    terminal = Terminal()
+    handler = logging.StreamHandler(terminal)
+    log = logging.getLogger("fastload.conversion")
+    log.addHandler(handler)
+    old = log.level
+    log.setLevel(logging.INFO)
+    try:
+        with Progress("ds", 100, unit="tiles", stream=terminal, heartbeat=False) as bar:
+            for _ in range(100):
+                bar.update(1)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old)
+    rows = [row for line in terminal.getvalue().split("\n") for row in line.split("\r")]
+    records = [row for row in rows if "ds: " in row and "(" in row and "|" not in row]
+    assert len(records) >= 10  # the start, the tenths, the end
+    assert not [row for row in rows if "|" in row and "ds: " in row.split("|", 1)[1]], rows  # no record after a bar
 
 
 def test_unknown_zero_and_resumed_totals_divide_nothing_by_zero():
@@ -111,7 +141,7 @@ def test_unknown_zero_and_resumed_totals_divide_nothing_by_zero():
     with reporter(None, clock, out) as bar:  # an iterable dataset: no percentage, no ETA
         bar.update(7)  # at the start's instant: no rate either
         clock.now += 2.0
-    assert out.getvalue().splitlines() == ["tool: ds: 0 tiles", "tool: ds: 7 tiles, 4 tiles/s, done in 0:00:02"]
+    assert out.getvalue().splitlines() == ["tool: ds: 0 tiles", "tool: ds: 7 tiles, 3.5 tiles/s, done in 0:00:02"]
     out = io.StringIO()
     with reporter(0, clock, out):  # an empty dataset
         pass
@@ -124,8 +154,8 @@ def test_unknown_zero_and_resumed_totals_divide_nothing_by_zero():
         clock.now += 4.0
         bar.update(20)
     assert out.getvalue().splitlines() == ["tool: ds: 60/100 tiles (60 %), resumed",
-                                           "tool: ds: 80/100 tiles (80 %), 5 tiles/s, ETA 0:00:04",
-                                           "tool: ds: 100/100 tiles (100 %), 5 tiles/s, done in 0:00:08"]
+                                           "tool: ds: 80/100 tiles (80 %), 5.0 tiles/s, ETA 0:00:04",
+                                           "tool: ds: 100/100 tiles (100 %), 5.0 tiles/s, done in 0:00:08"]
 
 
 def test_bytes_are_shown_in_the_unit_of_the_total():

@@ -130,8 +130,9 @@ class Progress:
                 self._bar.update(n)
             step = self._step_of(self.count)
             crossed, self._step = step > self._step, max(step, self._step)
-            # The last tenth is said by close()'s line (with the time taken), unless the step lingers.
-            if (crossed and step < STEPS) or self._clock() - self._last >= self._interval:
+            # The last tenth is said by close()'s line (with the time taken): not twice.
+            finished = self.total is not None and self.count >= self.total
+            if (crossed and step < STEPS) or (not finished and self._clock() - self._last >= self._interval):
                 self._emit(self._line())
 
     def tick(self) -> None:
@@ -185,9 +186,18 @@ class Progress:
         return min(STEPS, count * STEPS // self.total)
 
     def _emit(self, line: str) -> None:
-        """Log ``line``, and print it when this is a command's plain-line report (caller holds the lock)."""
+        """Log ``line``, and print it when this is a command's plain-line report (caller holds the lock).
+
+        With a bar on the terminal the record is logged with the bar cleared, then the bar redrawn: a
+        handler writing to the same terminal (``logging.basicConfig(level=INFO)``) does not append its
+        line to the bar's.
+        """
         self._last = self._clock()
-        self.log.info("%s", line)
+        if self._bar is not None and self.log.isEnabledFor(logging.INFO):
+            with self._bar.external_write_mode(file=self._stream):
+                self.log.info("%s", line)
+        else:
+            self.log.info("%s", line)
         if self._bar is None and self.program is not None:
             with contextlib.suppress(OSError, ValueError):  # a closed or broken stderr: the work goes on
                 self._stream.write(f"{self.program}: {line}\n")
@@ -224,7 +234,9 @@ class Progress:
 
     def _rate(self, rate: float) -> str:
         if self.unit != "B":
-            return f"{rate:,.0f} {_plural(self.unit)}/s"
+            if 0 < rate < 1:  # slow units (a bench setting, a remote probe): the time each takes, not "0/s"
+                return f"{1 / rate:,.1f} s/{self.unit[:-1] if self.unit.endswith('s') else self.unit}"
+            return f"{rate:,.0f} {_plural(self.unit)}/s" if rate >= 10 else f"{rate:,.1f} {_plural(self.unit)}/s"
         scale, name = _byte_scale(rate)
         return f"{rate / scale:,.1f} {name}/s"
 

@@ -145,8 +145,11 @@ def check_records(records: Any, fields: list[Field], scenes: list[Scene] | None 
 
 def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool = False,
                    on_problem: Callable[[str], None] = lambda line: None,
-                   allow_external_shards: bool = False) -> VerifyReport:
-    """Check one dataset directory with ``jobs`` threads; call ``on_problem`` per problem, in shard order."""
+                   allow_external_shards: bool = False, name: str | None = None) -> VerifyReport:
+    """Check one dataset directory with ``jobs`` threads; call ``on_problem`` per problem, in shard order.
+
+    ``name``: what the progress calls the dataset (a remote dataset's redacted URL; default: the directory's name).
+    """
     if jobs < 1:
         raise ArgumentError(f"jobs must be at least 1, not {jobs}")
     directory = Path(directory)
@@ -174,6 +177,7 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
     fingerprints = manifest.record_fingerprints()
     total = sum(s.bytes for s in manifest.shards)
     shown = f"{directory.parent.name}/{directory.name}" if directory.name.startswith(".") else directory.name
+    shown = name if name is not None else shown
     bar = Progress(f"verify {shown}", total, unit="B", enabled=progress, logger="fastload.verify",
                    leave=False)
     completed = False

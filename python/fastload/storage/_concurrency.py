@@ -10,7 +10,13 @@ one more raises the aggregate rate by at least half of what an independent conne
 (``(n + 1) / n``), and goes back when the one added did not. Started high (a first batch that reads
 many shards), it tries one fewer at a time, down to 2, while the fewer give as much. A level above
 the limit that did not help is tried again after ``retry_s``: the link or the store's load may have
-changed.
+changed. A level's rate is the running mean of its readings, dropped when none came for ``retry_s``:
+one slow window (an outage, connections starting, a queue draining) does not hold the limit high or
+low for good.
+
+Each process tunes its own downloads. Ranks on one node whose link is shared fairly per connection
+each see their own rate rise with one more connection (taken from the others), so they may each
+climb to the ceiling: as many at once as before the number was measured (8 per process), no more.
 
 Pure policy: the fetcher (``storage/_fetcher.py``) reports the bytes received and the downloads
 running; nothing here blocks, sleeps or reads a clock of its own.
@@ -18,9 +24,11 @@ running; nothing here blocks, sleeps or reads a clock of its own.
 
 from __future__ import annotations
 
+from ..errors import ArgumentError
+
 WINDOW_S = 0.2  # a rate is measured over at least this long ...
 WINDOW_BYTES = 32 << 20  # ... and this many bytes (4 of the downloads' 8 MiB chunks)
-RETRY_S = 10.0  # a level above the limit that did not help is tried again after this long
+RETRY_S = 10.0  # a level's reading expires after this long (one that did not help is then tried again)
 
 
 class DownloadConcurrency:
@@ -29,6 +37,9 @@ class DownloadConcurrency:
     def __init__(self, most: int, start: int = 2, window_s: float = WINDOW_S, window_bytes: int = WINDOW_BYTES,
                  retry_s: float = RETRY_S) -> None:
         """``most``: the ceiling (the fetcher's threads); ``start``: the limit before anything is measured."""
+        if not (window_s > 0 and window_bytes > 0 and retry_s > 0):
+            raise ArgumentError(f"DownloadConcurrency: window_s, window_bytes and retry_s must be positive, not "
+                                f"{window_s}, {window_bytes}, {retry_s}")
         self.most = max(1, int(most))
         self.limit = min(self.most, max(1, int(start)))
         self._window_s, self._window_bytes, self._retry_s = window_s, window_bytes, retry_s
@@ -63,7 +74,7 @@ class DownloadConcurrency:
             return False
         began, base = self._start
         seconds, size = now - began, received - base
-        if seconds < self._window_s or size < self._window_bytes:
+        if seconds < self._window_s or size < self._window_bytes:  # (seconds > 0 from here on)
             if running == 0:  # idle: the next window starts with the next download
                 self._start = None
             return False
@@ -71,15 +82,17 @@ class DownloadConcurrency:
         self._start, self._busy_s = ((now, received), 0.0) if running > 0 else (None, 0.0)
         if not at_limit:
             return False
+        # The mean of the recent readings (a reading older than retry_s is dropped): one slow window (an
+        # outage, connections starting, a queue draining after the limit fell) is soon outweighed.
         old = self._rates.get(self.limit)
-        rate = size / seconds if old is None else 0.5 * (old[0] + size / seconds)
-        self._rates[self.limit] = (rate, now)
+        fresh = old is not None and now - old[1] <= self._retry_s
+        self._rates[self.limit] = (0.5 * (old[0] + size / seconds) if fresh and old else size / seconds, now)
         return self._adjust(now)
 
     def _adjust(self, now: float) -> bool:
         n = self.limit
-        for level in [k for k, (_, when) in self._rates.items() if k > n and now - when > self._retry_s]:
-            del self._rates[level]  # measured long ago: the link may have changed since
+        for level in [k for k, (_, when) in self._rates.items() if k != n and now - when > self._retry_s]:
+            del self._rates[level]  # measured long ago: the link may have changed since (tried again)
         if n > 1 and n - 1 in self._rates and not self._helped(n - 1, n):
             self.limit = n - 1  # the last one added did not help
         elif n < self.most and (n + 1 not in self._rates or self._helped(n, n + 1)):

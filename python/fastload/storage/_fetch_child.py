@@ -41,6 +41,10 @@ class ForkedFetcher:
     def __len__(self) -> int:
         return len(self._shards)
 
+    def size(self, index: int) -> int:
+        """Return shard ``index``'s size in bytes (the manifest's)."""
+        return int(self._shards[index].bytes)
+
     def path(self, index: int) -> Path:
         """Return where shard ``index`` lies in the cache (whole or not yet)."""
         return self._version / self._shards[index].file

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._progress import Progress
 from ..errors import ArgumentError, ArgumentTypeError, DatasetError, RemoteError
 from ..format._manifest import MANIFEST_NAME, load_manifest
 from ..format._manifest_check import MAX_MANIFEST_BYTES
@@ -189,7 +190,8 @@ def resolve_remote_split(url: str, split: str | None, spec: RemoteSpec) -> str:
     return splits[split]
 
 
-def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = False) -> CachedDataset:
+def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = False,
+                progress: bool = False) -> CachedDataset:
     """Return the dataset at ``url`` (one ``split`` of a root) as a version in the cache, held for reading.
 
     The manifest is fetched and validated first (a missing object, no credentials or a refused
@@ -197,7 +199,8 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Fa
     whole version within ``cache_limit``, or, when it cannot fit, for a window of its shards
     (``storage/_window.py``; its shards are then evicted as the epoch moves on). The shards come
     later, through ``fetcher`` (on demand and in the order the loader asks for them), or now with
-    ``shards=True``: all of them, several at once, each checked against the manifest.
+    ``shards=True``: all of them, several at once, each checked against the manifest (``progress``: their
+    bytes reported as they arrive, ``_progress.Progress``, logger ``fastload.download``).
     """
     url = resolve_remote_split(url, split, spec)
     root = RemoteRoot(url, spec.storage_options)
@@ -227,23 +230,32 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Fa
     cached = CachedDataset(url, version, reading, spec)
     if shards:
         try:
-            fetch_all(cached.fetcher)
+            fetch_all(cached.fetcher, progress, f"download {redact(url)}")
         except BaseException:
             cached.release()
             raise
     return cached
 
 
-def fetch_all(fetcher: ShardFetcher | ForkedFetcher) -> None:
+def fetch_all(fetcher: ShardFetcher | ForkedFetcher, progress: bool = False, desc: str = "download") -> None:
     """Fetch every shard of a version not in the cache yet, several at once; raise the first failure.
 
-    The wait is in short slices: a Ctrl-C ends it at once, and the fetcher is then closed (the
-    transfers in flight stop at their next chunk and leave only ``.part`` files).
+    Every shard is needed now, in no particular order: as many download at once as the fetcher has
+    threads from the start (``want``'s ``first``), fewer once the link proves shared. ``progress``:
+    the bytes of the shards as each is whole (a bar, or lines in a command's log). The wait is in
+    short slices: a Ctrl-C ends it at once, and the fetcher is then closed (the transfers in flight
+    stop at their next chunk and leave only ``.part`` files).
     """
+    sizes = [fetcher.size(i) for i in range(len(fetcher))]
+    here = [i for i in range(len(fetcher)) if fetcher.ready([i])]
     try:
-        fetcher.want(range(len(fetcher)))
-        for index in range(len(fetcher)):
-            fetcher.ensure(index)
+        with Progress(desc, sum(sizes), unit="B", initial=sum(sizes[i] for i in here), enabled=progress,
+                      logger="fastload.download", leave=False) as bar:
+            fetcher.want(range(len(fetcher)), first=len(fetcher))
+            for index in range(len(fetcher)):
+                if index not in here:
+                    fetcher.ensure(index)
+                    bar.update(sizes[index])
     except BaseException:
         fetcher.close()
         raise

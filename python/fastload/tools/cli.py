@@ -98,7 +98,7 @@ def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bo
     try:
         splits = None if is_remote(directory) else split_dirs(directory)
         if is_remote(directory):
-            remote = _download_remote(directory, held)
+            remote = _download_remote(directory, held, progress)
             directory = redact(directory)
     except FastloadError as err:
         print(err)
@@ -114,7 +114,8 @@ def _verify(directory: str, jobs: int, progress: bool, allow_external_shards: bo
     total = VerifyReport()
     for name, path in targets.items():
         try:
-            report = verify_dataset(path, jobs, progress, on_problem=print, allow_external_shards=allow_external_shards)
+            report = verify_dataset(path, jobs, progress, on_problem=print, allow_external_shards=allow_external_shards,
+                                    name=name if remote is not None else None)
         except Exception as err:  # a bug or an unforeseen failure: still one line and a failing status
             _raise_if_ctrl_c(err)
             print(f"{path}: verify stopped: {type(err).__name__}: {err}")
@@ -147,7 +148,7 @@ def _upgrade(directory: str, progress: bool) -> int:
     return 0
 
 
-def _download_remote(url: str, held: list[CachedDataset]) -> dict[str, Path]:
+def _download_remote(url: str, held: list[CachedDataset], progress: bool = False) -> dict[str, Path]:
     """Download a remote dataset (every split of a root) into the cache; return name -> cached directory.
 
     The downloads are checked against the manifests' hashes as they arrive; verify then checks every record.
@@ -155,7 +156,7 @@ def _download_remote(url: str, held: list[CachedDataset]) -> dict[str, Path]:
     spec = RemoteSpec.build(None, None, None)
     splits = remote_splits(url, spec)
     targets = {redact(url): url} if splits is None else {f"{redact(url)} [{n}]": u for n, u in splits.items()}
-    held.extend(open_remote(split_url, None, spec, shards=True) for split_url in targets.values())
+    held.extend(open_remote(split_url, None, spec, shards=True, progress=progress) for split_url in targets.values())
     return {name: cached.path for name, cached in zip(targets, held)}
 
 
