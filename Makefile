@@ -43,7 +43,7 @@ FUZZ_CORPUS  := build/fuzz-corpus
 FUZZ_SECONDS ?= 600
 
 # (wheel and test-wheel: self-contained manylinux wheels, scripts/build_wheel.sh and scripts/test_wheel.sh)
-.PHONY: docs wheel test-wheel test-sdist install system-deps demo test test-gpu test-asan test-cpp test-windows-core bench bench-quick lint clean fuzz fuzz-ci fuzz-build
+.PHONY: docs wheel test-wheel test-sdist install system-deps demo test test-quick test-gpu test-asan test-cpp test-windows-core bench bench-quick lint clean fuzz fuzz-ci fuzz-build
 
 install: $(VENV)/.installed
 
@@ -94,6 +94,11 @@ demo: install
 
 test: install test-cpp
 	$(PY) -m pytest tests
+
+# The quick tier for the edit-test loop (docs/testing.md): every test not marked `slow` (no S3 server,
+# Dask cluster or Python subprocess campaign), about 2-3 minutes here; no C++ tests. `make test` runs all.
+test-quick: install
+	$(PY) -m pytest tests -m "not slow"
 
 # The tests that need a GPU (marker `cuda`); without CUDA they are reported as skipped.
 test-gpu: install

@@ -28,6 +28,8 @@ import fastload
 from fastload.errors import CorruptRecordError, CorruptShardError, FastloadWarning, RemoteError
 from fastload.format._manifest import file_hash
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server
+
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
 

@@ -24,7 +24,10 @@ from fastload.storage._cache import version_dir
 from fastload.storage._publish import staging_dir
 
 pytest.importorskip("obstore", reason="fastload[remote] (obstore) is not installed")
-pytestmark = pytest.mark.skipif(os.name == "nt", reason="symbolic links and modes as POSIX has them")
+pytestmark = [
+    pytest.mark.slow,  # tier: the moto S3 server
+    pytest.mark.skipif(os.name == "nt", reason="symbolic links and modes as POSIX has them"),
+]
 
 
 @pytest.fixture(scope="module")

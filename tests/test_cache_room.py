@@ -25,6 +25,8 @@ import fastload
 from fastload.errors import RemoteError
 from fastload.storage import _room
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server and processes sharing a cache
+
 META = 16384  # room for a version's own files (its manifest), generously
 
 
@@ -97,7 +99,6 @@ def test_a_dataset_that_fits_whole_opens_after_a_windowed_one(pair, s3, tmp_path
     assert same(epochs(train), epochs(window_loader(str(local), window=2)))
 
 
-@pytest.mark.slow
 def test_four_processes_over_two_windowed_datasets_all_run_within_the_limit(pair, s3, tmp_path):  # noqa: F811
     """Two processes per dataset, none in step with another: each claims its 2 shards, and all four fit."""
     _, largest = shard_bytes(pair[0][0])

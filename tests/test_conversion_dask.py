@@ -29,6 +29,8 @@ distributed = pytest.importorskip("distributed")
 
 from fastload.conversion import _dask_map  # noqa: E402  (after the skip: needs no distributed, tested with it)
 
+pytestmark = pytest.mark.slow  # tier: Dask clusters
+
 
 @pytest.fixture(scope="module")
 def cluster():

@@ -377,6 +377,7 @@ def classify(verdict: str | None) -> str:
 # About 5,600 trials over seven codecs and three layouts: 1.5 minutes in a plain build (format v3's 3,000
 # took as long; under ASan 4.5 then, with the machine half idle), more when it is loaded (the suite's 300 s
 # is too short there). A hung trial is still caught.
+@pytest.mark.slow  # tier: about 5,600 damaged shards read in worker subprocesses
 @pytest.mark.timeout(900)
 def test_damage_is_never_a_crash_a_hang_or_a_wrong_sample(corpus, tmp_path):
     batches = [corpus[i::BATCHES] for i in range(BATCHES)]

@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # tier: the demo in a subprocess
+
 
 def test_demo_runs_clean(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fastload.demo", "--output-dir", str(tmp_path / "out")],

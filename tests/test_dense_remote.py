@@ -33,6 +33,8 @@ from test_remote_output import s3_env
 import fastload
 from fastload.conversion.preprocess import build_parser, run
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server and a Dask cluster
+
 # name (relative stem), (height, width), the mask's format; "sub/d" lands in the val split (seed 0).
 SCENES = [("a", (150, 170), "png"), ("b", (96, 112), "tif"), ("sub/c", (200, 130), "png"),
           ("sub/d", (120, 100), "tif")]

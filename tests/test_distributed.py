@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # tier: two-process gloo runs
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -19,7 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(?:<!--\s*not-run:\s*(?P<reason>.*?)\s*-->\s*\n)?```python\n(?P<code>.*?)```", re.S)
-pytestmark = pytest.mark.no_asan  # subprocesses; the sanitizer build covers the native reads elsewhere
+pytestmark = [
+    pytest.mark.slow,  # tier: each documentation block runs in a fresh interpreter
+    pytest.mark.no_asan,  # subprocesses; the sanitizer build covers the native reads elsewhere
+]
 
 
 def blocks() -> list:

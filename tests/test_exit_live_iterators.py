@@ -20,7 +20,7 @@ from conftest import smooth_images
 
 import fastload
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX exit semantics")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX exit semantics")]
 
 RUNS = 5
 

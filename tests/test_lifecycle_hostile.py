@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork and POSIX signals")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="fork and POSIX signals")]
 
 
 def run_script(body: str, dataset, timeout: float = 120) -> subprocess.CompletedProcess:

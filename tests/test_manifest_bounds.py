@@ -60,6 +60,7 @@ print(status("VmHWM") - before, size)
 """
 
 
+@pytest.mark.slow  # tier: parses 50 MB and 10 MB manifests in subprocesses
 @pytest.mark.no_asan  # measures peak RSS, which ASan's shadow memory and quarantine inflate (and runs 10x slower)
 @pytest.mark.parametrize(("chars", "tail", "ratio"), [(50_000_000, "", 4), (10_000_000, "\U0001F600", 12)],
                          ids=["50 MB ascii", "10 MB held as 4-byte characters"])
@@ -155,6 +156,7 @@ for n, expected in ((65535, DatasetError), (1024, CorruptRecordError)):
 """
 
 
+@pytest.mark.slow  # tier: writes and opens a schema at the width bound
 def test_a_wide_schema_fails_at_open_without_hanging(dataset):
     out = subprocess.run([sys.executable, "-c", _WIDE_CHILD, str(dataset)], capture_output=True, text=True,
                          timeout=240)

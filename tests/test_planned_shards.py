@@ -34,6 +34,8 @@ from fastload.format._record import Field
 
 distributed = pytest.importorskip("distributed", reason="fastload[dask] (distributed) is not installed")
 
+pytestmark = pytest.mark.slow  # tier: Dask clusters
+
 
 @pytest.fixture(scope="module")
 def cluster():

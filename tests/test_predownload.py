@@ -18,6 +18,8 @@ from test_remote import batches, proxy, s3, same, tiles  # noqa: F401  (the modu
 import fastload
 from fastload.errors import ArgumentError, ArgumentTypeError
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server
+
 SHARD_SAMPLES = 64  # tests/test_remote.py's tiles: 700 samples, 11 shards of 64
 SHARDS = 11
 

@@ -16,6 +16,8 @@ from PIL import Image
 import fastload
 from fastload.conversion._tiling import tile_grid, tile_origins
 
+pytestmark = pytest.mark.slow  # tier: preprocess_tiles runs in subprocesses
+
 
 @pytest.fixture(scope="session")
 def photo_dir(tmp_path_factory) -> Path:

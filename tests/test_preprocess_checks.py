@@ -12,6 +12,8 @@ from PIL import Image
 
 import fastload
 
+pytestmark = pytest.mark.slow  # tier: preprocess_tiles runs in subprocesses
+
 
 @pytest.fixture(scope="session")
 def mixed_sizes(tmp_path_factory) -> Path:

@@ -11,6 +11,8 @@ from PIL import Image
 import fastload
 from fastload.conversion._images import npy_layout_of
 
+pytestmark = pytest.mark.slow  # tier: preprocess_tiles runs in subprocesses
+
 
 def preprocess(data: Path, out: Path, *options: str):
     return run_cli("preprocess_tiles", "--data-dir", str(data), "--output-dir", str(out), "--no-progress", *options)

@@ -28,7 +28,7 @@ from fastload.conversion import preprocess as cli
 from fastload.conversion._dataset_writer import PreprocessError
 from fastload.preprocess import main as preprocess_main
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and sessions")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and sessions")]
 
 RUNS = 14
 EXIT_BOUND_S = 5.0  # "a second or two" on an idle machine; slack for a loaded one (a hang never ends)

@@ -9,6 +9,8 @@ from conftest import run_cli
 
 import fastload
 
+pytestmark = pytest.mark.slow  # tier: preprocess_tiles runs in subprocesses
+
 
 @pytest.fixture(scope="session")
 def scenes(tmp_path_factory) -> Path:

@@ -32,6 +32,8 @@ moto_server = pytest.importorskip("moto.server", reason="the S3 test server (mot
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("obstore", reason="fastload[remote] (obstore) is not installed")
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server
+
 SECRET = "SECRET-do-not-show-42"
 BUCKET = "fastload-tests"
 

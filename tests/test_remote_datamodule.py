@@ -17,6 +17,8 @@ import fastload
 from fastload.errors import ArgumentError, DatasetError
 from fastload.format._splits import write_splits
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server
+
 
 @pytest.fixture(autouse=True)
 def _no_instance_metadata(monkeypatch):
@@ -116,7 +118,6 @@ def test_storage_arguments_with_a_local_root_are_refused(root, tmp_path):
             fastload.ShardDataModule(local, batch_size=8, **kwargs)
 
 
-@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning")
 def test_a_trainer_fits_over_a_url_root_on_the_local_roots_batches(root, s3, tmp_path):  # noqa: F811
     """Two epochs of Trainer.fit (train and val) over the URL see the labels of a fit over the local root."""

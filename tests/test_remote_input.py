@@ -33,6 +33,8 @@ from fastload.conversion.preprocess import build_parser, run
 from fastload.errors import ImageReadError, RemoteError
 from fastload.storage import RemoteFolder
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server, preprocess_tiles processes and a Dask cluster
+
 
 @pytest.fixture(scope="module")
 def remote_pngs(s3, two_class_pngs):  # noqa: F811

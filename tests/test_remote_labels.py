@@ -21,6 +21,8 @@ import fastload
 from fastload.conversion.preprocess import build_parser, run
 from fastload.errors import SourceError
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server and preprocess_tiles processes
+
 
 @pytest.fixture(autouse=True)
 def _no_instance_metadata(monkeypatch):
@@ -89,7 +91,6 @@ def test_a_label_file_in_a_bucket_labels_as_the_local_file(s3, labelled, tmp_pat
             manifest_beyond_the_labels_location(tmp_path / "local-csv" / split / "manifest.json")
 
 
-@pytest.mark.slow  # two preprocess_tiles processes
 def test_the_command_line_reads_a_label_url_with_credentials_from_the_environment(s3, labelled, tmp_path):  # noqa: F811
     pngs, pngs_url, csv, csv_url = labelled
     convert(pngs, csv, tmp_path / "local", s3[2])

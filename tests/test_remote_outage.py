@@ -25,6 +25,8 @@ from fastload.format._manifest import load_manifest
 from fastload.storage._cache import DownloadStopped, fetch_shard
 from fastload.storage._client import DEFAULT_RETRIES, RemoteRoot, StorageOptions
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server behind a fault proxy; outages last real seconds
+
 OUTAGE_S = 20.0
 
 
@@ -57,7 +59,6 @@ def read_through(loader, fault) -> list:
     return got
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "torch"])
 def test_refused_connections_mid_epoch_are_ridden_out_with_the_defaults(tiles, proxy, tmp_path, backend):  # noqa: F811
     local, url = tiles
@@ -80,7 +81,6 @@ def test_refused_connections_mid_epoch_are_ridden_out_with_the_defaults(tiles, p
     assert same(got, batches(fastload.ShardLoader(str(local), **kwargs)))
 
 
-@pytest.mark.slow
 def test_503_answers_at_opening_and_mid_epoch_are_ridden_out(tiles, proxy, tmp_path):  # noqa: F811
     local, url = tiles
     fp, options = proxy
@@ -107,7 +107,6 @@ def assert_names_the_url_once(message: str, url: str) -> None:
     assert SECRET not in message and "tester" not in message, message
 
 
-@pytest.mark.slow
 def test_an_outage_longer_than_the_budget_is_a_typed_error_within_it(tiles, proxy, tmp_path):  # noqa: F811
     local, url = tiles
     fp, options = proxy

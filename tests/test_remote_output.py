@@ -16,6 +16,8 @@ from test_remote import BUCKET, batches, s3, same  # noqa: F401  (s3: the module
 import fastload
 from fastload.errors import ArgumentError, RemoteError
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server, preprocess_tiles processes and a Dask cluster
+
 
 def samples(n: int = 300):
     rng = np.random.default_rng(1)

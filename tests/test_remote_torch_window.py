@@ -23,6 +23,8 @@ from fastload.storage import _fetch_child
 from fastload.storage._cache import is_whole
 from fastload.storage._fetch_child import ForkedFetcher
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server and forked download children, under CPU load
+
 
 @pytest.fixture(autouse=True)
 def _no_instance_metadata(monkeypatch):
@@ -72,7 +74,6 @@ def test_a_shard_evicted_after_every_download_is_a_typed_error_naming_it(big, s3
     assert calls == [5] * _fetch_child.FETCH_ATTEMPTS
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("window", [1, 2])
 def test_two_epoch_torch_runs_under_cpu_load_give_the_local_batches_every_time(big, s3, tmp_path, window):  # noqa: F811
     """Several two-epoch runs (as many as start within 12 s, at least 2), a CPU burner beside them."""

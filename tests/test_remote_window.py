@@ -27,6 +27,8 @@ import fastload
 from fastload.errors import ArgumentError, RemoteError
 from fastload.storage._cache import boot_id
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server and processes sharing a windowed cache
+
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory, s3):  # noqa: F811

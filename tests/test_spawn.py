@@ -19,6 +19,8 @@ from torch.utils.data import Dataset
 
 from fastload import ShardLoader, check_determinism, create_dataloader
 
+pytestmark = pytest.mark.slow  # tier: DataLoader workers started by spawn, each importing torch
+
 
 class Draws(Dataset):
     """Each item reports its index, the worker's id and a draw from each of its random generators."""
