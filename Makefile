@@ -92,13 +92,20 @@ test-sdist:
 demo: install
 	$(PY) -m fastload.demo --output-dir demo-output
 
+# The Python suite in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them, in
+# the suite's order (--dist loadfile: a file's module fixtures, its server, cluster or dataset, are built
+# once; thread, fd and RSS counts are per process). Many tests wait on subprocesses, servers and retry
+# delays, so 2 processes overlap them on 2 cores. TEST_WORKERS=0 runs it in this process, one test at a time.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: install test-cpp
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests $(PYTEST_PARALLEL)
 
 # The quick tier for the edit-test loop (docs/testing.md): every test not marked `slow` (no S3 server,
 # Dask cluster or Python subprocess campaign), about 2-3 minutes here; no C++ tests. `make test` runs all.
 test-quick: install
-	$(PY) -m pytest tests -m "not slow"
+	$(PY) -m pytest tests -m "not slow" $(PYTEST_PARALLEL)
 
 # The tests that need a GPU (marker `cuda`); without CUDA they are reported as skipped.
 test-gpu: install
