@@ -198,12 +198,18 @@ class RemoteShardSet:
         packed = [ds.manifest.packed for ds in self.datasets for _ in ds.manifest.shards]  # v4: blocks of records
         self.native = native_core().ShardSet.lazy([int(c) for c in np.diff(self.starts)], packed)
         self._parts: list[tuple[int, Any]] = []  # per shard: (index in its dataset, its fetcher or None)
+        self._sizes = np.array([s.bytes for ds in self.datasets for s in ds.manifest.shards], dtype=np.int64)
+        self._firsts: list[int] = []  # per shard: the first shard of its dataset (which dataset it is)
+        self._claims: list[Any] = []  # per shard: its dataset's claimed bytes, as a callable (None: no claim)
         self._all_attached = False
         self._holds: dict[int, Any] = {}  # windowed shards attached: their readers locks
         self._attaching = threading.Lock()  # attach (with its hold) and detach (with its release) one at a time
         first = 0
         me = weakref.ref(self)
         for ds in self.datasets:
+            count = len(ds.manifest.shards)
+            self._firsts += [first] * count
+            self._claims += [functools.partial(_claimed, ds)] * count
             if is_remote_dataset(ds):
                 fetcher = ds._cached.fetcher  # type: ignore[union-attr]
                 self._parts += [(i, fetcher) for i in range(len(ds.manifest.shards))]
@@ -277,18 +283,33 @@ class RemoteShardSet:
 
     def wait(self, indices: np.ndarray) -> None:
         """Return once every shard ``indices`` read is attached, fetching it first; raise a download's error."""
-        for s in self._missing(indices):
+        missing = self._missing(indices)
+        if missing:  # the batch a reader waits for: what it does not read is let go of (unless in flight)
+            reads = set(np.unique(np.searchsorted(self.starts, np.asarray(indices, dtype=np.int64),
+                                                  side="right") - 1).tolist())
+            for s in list(self._holds):
+                if s not in reads:
+                    self.release(s)
+        for s in missing:
             local, fetcher = self._parts[s]
             for _ in range(_ATTACH_ATTEMPTS):
                 fetcher.ensure(local)
-                if self.attach(s):  # False: evicted between the two (another process made room)
+                if self.attach(s, beyond_claim=True):  # False: evicted between the two (another process made room)
                     break
             else:
                 raise RemoteError(f"{fetcher.path(local)}: evicted {_ATTACH_ATTEMPTS} times before it could be "
                                   "read; the cache is too small for the processes sharing it (raise cache_limit)")
 
-    def attach(self, s: int) -> bool:
-        """Attach shard ``s`` if its file is whole (held first, when windowed); return whether it is attached."""
+    def attach(self, s: int, beyond_claim: bool = False) -> bool:
+        """Attach shard ``s`` if its file is whole (held first, when windowed); return whether it is attached.
+
+        A windowed dataset's shards are held (pinned against every process's eviction) only up to the
+        room this process's loader claimed (``check_cache_fits``), unless ``beyond_claim`` (the batch a
+        reader waits for with none in flight). The claims of the processes sharing the version add up
+        to its window, so each one always finds room for its next batch, whatever the others hold: a
+        rank that reads ahead (batches in flight stay pinned until delivered) while its consumer waits
+        for a slower rank in a collective never holds the room the slower rank needs.
+        """
         if self.native.attached(s):
             return True
         local, fetcher = self._parts[s]
@@ -296,6 +317,8 @@ class RemoteShardSet:
             if self.native.attached(s):
                 return True
             if fetcher.windowed:
+                if not beyond_claim and self._over_claim(s):
+                    return False
                 hold = fetcher.hold(local)
                 if hold is None:  # evicted meanwhile
                     return False
@@ -305,6 +328,15 @@ class RemoteShardSet:
                     old.release()
             self.native.attach(s, str(fetcher.path(local)))
         return True
+
+    def _over_claim(self, s: int) -> bool:  # with self._attaching held
+        """Return whether holding shard ``s`` too would hold more of its dataset than this process claimed."""
+        claimed = self._claims[s]()
+        if claimed is None:
+            return False
+        first = self._firsts[s]
+        held = sum(int(self._sizes[h]) for h in self._holds if self._firsts[h] == first)
+        return held + int(self._sizes[s]) > claimed
 
     def let_go(self) -> None:
         """Detach every windowed shard this set holds (a pass ended: none is read until the next one)."""
@@ -401,6 +433,12 @@ def _attach(owner: weakref.ref[RemoteShardSet], first: int, index: int, path: Pa
     shard_set = owner()
     if shard_set is not None and not shard_set._parts[first + index][1].windowed:
         shard_set.attach(first + index)
+
+
+def _claimed(dataset: ShardDataset) -> int | None:
+    """Return the bytes of shards this process's loader claimed in remote ``dataset`` (None: no claim)."""
+    cached = getattr(dataset, "_cached", None)
+    return None if cached is None else cached.claimed
 
 
 def _release(owner: weakref.ref[RemoteShardSet], first: int, index: int) -> bool:

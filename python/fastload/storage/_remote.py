@@ -127,6 +127,11 @@ class CachedDataset:
         limit = self._spec.cache_limit
         return None if limit is None else room_ceiling(self._spec.cache_dir, self.path, limit)
 
+    @property
+    def claimed(self) -> int | None:
+        """Return the bytes of shards this process's reader claimed in the windowed version (None: no claim)."""
+        return self._claimed if self._claim is not None else None
+
     def claim(self, need: int) -> None:
         """Claim ``need`` bytes of shards for this reader's window of a windowed version (storage/_room.py).
 
