@@ -4,6 +4,28 @@
 # (csrc/reader/shard_reader.h).
 # Defines the interface target fastload_deps.
 
+# A prefix of them built by cmake/third_party_prefix (scripts/build_wheel.sh caches one per recipe and
+# toolchain): linked from there as they are, nothing searched for on the system.
+set(FASTLOAD_THIRD_PARTY_PREFIX "" CACHE PATH
+    "The static C libraries and their headers as cmake/third_party_prefix installs them (empty: find them)")
+if(FASTLOAD_THIRD_PARTY_PREFIX)
+  set(_archives "")
+  foreach(_name fastload_zstd fastload_xxhash fastload_lz4 fastload_spng z turbojpeg)  # libspng before zlib
+    set(_archive "${FASTLOAD_THIRD_PARTY_PREFIX}/lib/lib${_name}.a")
+    if(NOT EXISTS "${_archive}")
+      message(FATAL_ERROR "fastload: ${_archive} is missing: FASTLOAD_THIRD_PARTY_PREFIX must be a prefix that "
+                          "cmake/third_party_prefix installed (scripts/build_wheel.sh builds one)")
+    endif()
+    list(APPEND _archives "${_archive}")
+  endforeach()
+  message(STATUS "fastload: the C libraries from ${FASTLOAD_THIRD_PARTY_PREFIX}")
+  add_library(fastload_deps INTERFACE)
+  target_include_directories(fastload_deps SYSTEM INTERFACE "${FASTLOAD_THIRD_PARTY_PREFIX}/include")
+  target_compile_definitions(fastload_deps INTERFACE SPNG_STATIC)  # as the from-source build (spng.h, Windows)
+  target_link_libraries(fastload_deps INTERFACE ${_archives})
+  return()
+endif()
+
 set(_missing "")
 # Finds header HEADER into <PREFIX>_INCLUDE_DIR and one of the library NAMES into <PREFIX>_LIBRARY (cache
 # variables, so -D<PREFIX>_LIBRARY=... overrides them); adds LABEL to _missing when either is not found.

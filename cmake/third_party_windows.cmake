@@ -59,12 +59,19 @@ function(fastload_third_party_source VAR NAME VERSION SHA256)
   if(NOT EXISTS "${archive}" OR NOT have STREQUAL SHA256)
     file(REMOVE "${archive}")
     message(STATUS "fastload: downloading the ${NAME} ${VERSION} source distribution from PyPI")
+    # (Quiet when a retry follows: a Python without the sdist's build backend fails to read its
+    # metadata here with a long traceback, and the retry below is what counts.)
+    if(isolation)
+      set(_quiet OUTPUT_QUIET ERROR_QUIET)
+    else()
+      set(_quiet "")
+    endif()
     execute_process(
       # (Without the variables of pip's isolated build environment, which hide pip itself.)
       COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
               ${FASTLOAD_DOWNLOAD_PYTHON} -m pip download --quiet --no-deps --no-binary ${NAME}
               ${isolation} -d "${FASTLOAD_THIRD_PARTY_DOWNLOADS}" "${NAME}==${VERSION}"
-      RESULT_VARIABLE rc)
+      RESULT_VARIABLE rc ${_quiet})
     if(NOT rc EQUAL 0 AND isolation)
       # (A Python without setuptools and wheel reads the metadata in an isolated environment.)
       execute_process(
@@ -123,6 +130,15 @@ target_include_directories(fastload_lz4 SYSTEM PUBLIC "${_lz4}/lz4libs")
 # The sub-builds (zlib-ng, libjpeg-turbo) use the same compilers and flags as this one, as
 # position-independent code (they are linked into the extension module).
 include(ExternalProject)
+# The sub-builds' output: into log files, shown only on failure (an extension's build stays short), or
+# with FASTLOAD_THIRD_PARTY_LOG_TO_FILES=OFF to the terminal as it comes (cmake/third_party_prefix, which
+# scripts/build_wheel.sh runs as a stage of its own: their progress lines instead of minutes of silence).
+option(FASTLOAD_THIRD_PARTY_LOG_TO_FILES "Log the zlib-ng and libjpeg-turbo sub-builds to files, not the terminal" ON)
+if(FASTLOAD_THIRD_PARTY_LOG_TO_FILES)
+  set(_sub_output LOG_CONFIGURE ON LOG_BUILD ON LOG_OUTPUT_ON_FAILURE ON)
+else()
+  set(_sub_output LOG_CONFIGURE ON LOG_OUTPUT_ON_FAILURE ON USES_TERMINAL_BUILD ON)
+endif()
 set(_sub_args -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON)
 if(CMAKE_TOOLCHAIN_FILE)
   get_filename_component(_toolchain "${CMAKE_TOOLCHAIN_FILE}" ABSOLUTE BASE_DIR "${CMAKE_SOURCE_DIR}")
@@ -163,7 +179,7 @@ else()
     BUILD_COMMAND ${CMAKE_COMMAND} --build <BINARY_DIR> --target zlib-ng
     BUILD_BYPRODUCTS "${_zlib_build}/${CMAKE_STATIC_LIBRARY_PREFIX}z${CMAKE_STATIC_LIBRARY_SUFFIX}"
     UPDATE_COMMAND "" INSTALL_COMMAND ""
-    LOG_CONFIGURE ON LOG_BUILD ON LOG_OUTPUT_ON_FAILURE ON)
+    ${_sub_output})
   # (The include directory exists only after the build: created now so the target may name it.)
   file(MAKE_DIRECTORY "${_zlib_build}")
   add_library(fastload_zlib STATIC IMPORTED GLOBAL)
@@ -206,7 +222,7 @@ ExternalProject_Add(fastload_libjpeg_turbo_build
   BUILD_COMMAND ${CMAKE_COMMAND} --build <BINARY_DIR> --target turbojpeg-static
   BUILD_BYPRODUCTS "${_jpeg_build}/libturbojpeg.a"
   UPDATE_COMMAND "" INSTALL_COMMAND ""
-  LOG_CONFIGURE ON LOG_BUILD ON LOG_OUTPUT_ON_FAILURE ON)
+  ${_sub_output})
 add_library(fastload_turbojpeg STATIC IMPORTED GLOBAL)
 set_target_properties(fastload_turbojpeg PROPERTIES IMPORTED_LOCATION "${_jpeg_build}/libturbojpeg.a"
   INTERFACE_INCLUDE_DIRECTORIES "${_jpeg_src}/src")

@@ -9,6 +9,8 @@
 #   FASTLOAD_PYTEST_MARKERS  a marker expression to select with (-m), e.g. "not slow"; empty: none
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/build_stages.sh
+. scripts/build_stages.sh
 ROOT=$PWD
 PY_BOOT=${PYTHON_BOOT:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
@@ -22,12 +24,14 @@ if [ ${#wheels[@]} -ne 1 ]; then
 fi
 wheel=$ROOT/${wheels[0]}
 
+stage "a fresh venv with $TORCH_SPEC and $(basename "$wheel")[dev]"
 rm -rf "$VENV"
 "$PY_BOOT" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 printf '%s\n' "$TORCH_SPEC" > "$VENV/torch-constraint.txt"
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
 "$VENV/bin/python" -m pip install -q -c "$VENV/torch-constraint.txt" "$wheel[dev]"
+stage_done
 
 # Outside the checkout, with nothing of it on the path.
 work=$(mktemp -d)
@@ -39,7 +43,7 @@ case "$native" in
   "$VENV"/*) ;;
   *) echo "test_wheel: fastload._native came from $native, not the test venv" >&2; exit 1 ;;
 esac
-echo "== ldd $native"
+stage "ldd $native: only the C runtime from the system"
 deps=$(LD_LIBRARY_PATH= ldd "$native")
 echo "$deps"
 # Only the C runtime and the unwinder (libgcc_s) of the manylinux policy may come from the system.
@@ -49,6 +53,7 @@ if [ -n "$bad" ]; then
   echo "$bad" >&2
   exit 1
 fi
+stage_done
 
 # The tests, and the files some of them read from the checkout (README.md, docs/, csrc/bindings/, python/ for the
 # layer lint), copied; a plugin asserts the session imports the installed fastload.
@@ -66,4 +71,6 @@ EOF
 # shellcheck disable=SC2206
 args=(${FASTLOAD_PYTEST:-tests -q})
 if [ -n "${FASTLOAD_PYTEST_MARKERS:-}" ]; then args+=(-m "$FASTLOAD_PYTEST_MARKERS"); fi
+stage "the tests against the installed wheel: ${args[*]}"
 PYTHONPATH="$work/plugin" "$VENV/bin/pytest" -p installed_fastload -p no:cacheprovider --rootdir "$work" "${args[@]}"
+stage_done
