@@ -27,6 +27,8 @@ from test_remote import s3, same, upload  # noqa: F401  (s3: the module's server
 import fastload
 from fastload.storage import _fetcher
 
+pytestmark = pytest.mark.slow  # tier: the moto S3 server
+
 SHARDS, PER_SHARD, BATCH = 20, 10, 10
 STARTS = 30
 
