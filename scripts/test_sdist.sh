@@ -30,7 +30,14 @@ stage "the sdist"
 [ -x "$TOOLS/bin/python" ] || "$PY_BOOT" -m venv "$TOOLS"
 "$TOOLS/bin/python" -m pip install -q "build==1.6.1"
 rm -rf "$OUT"
-"$TOOLS/bin/python" -m build --sdist -o "$OUT" . >/dev/null
+# Built from a copy of the files git sees (tracked, and new ones not ignored), not from the checkout:
+# scikit-build-core walks every directory it finds, and follows links, even in ignored ones, so
+# build/wineprefix (make test-windows-core; its drive z: is a link to /) kept it walking / for ever.
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+git ls-files -z --cached --others --exclude-standard \
+  | tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$src"
+"$TOOLS/bin/python" -m build --sdist -o "$OUT" "$src" >/dev/null
 sdists=("$OUT"/fastload-*.tar.gz)
 stage_done "${sdists[0]}, $(du -k "${sdists[0]}" | cut -f1) KiB"
 
@@ -49,7 +56,7 @@ printf '%s\n' "$TORCH_SPEC" > "$VENV/torch-constraint.txt"
 stage_done
 
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" "$src"' EXIT
 cd "$work"
 native=$("$VENV/bin/python" -c 'import fastload._native as n; print(n.__file__)')
 stage "ldd $native: no codec library from the system"
