@@ -90,8 +90,12 @@ class PyBatchReader {
     if (batch_capacity == 0) throw py::value_error("batch_capacity must be positive");
     if (num_threads == 0) throw py::value_error("num_threads must be positive");
     auto specs = to_specs(fields);
-    ReaderOptions options{batch_capacity, num_threads, verify, std::move(decode),
-                          to_pipeline(steps, specs, num_params)};
+    ReaderOptions options;
+    options.batch_capacity = batch_capacity;
+    options.num_threads = num_threads;
+    options.verify_checksums = verify;
+    options.decode_field = std::move(decode);
+    options.transforms = to_pipeline(steps, specs, num_params);
     options.max_sample_bytes = max_sample_bytes;
     options.record_version = record_version;
     options.schema_fingerprint = schema_fingerprint;
