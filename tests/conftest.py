@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +51,17 @@ def batches_equal(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tens
         x.keys() == y.keys() and all(x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]) for k in x)
         for x, y in zip(a, b)
     )
+
+
+def without_leftover_downloads(timeout: float = 10.0) -> None:
+    """Wait up to ``timeout`` s for the download threads of remote datasets that earlier tests left to end.
+
+    A fetcher's idle threads end 5 s after its last download: in a pytest-xdist worker, a file run after a
+    remote one would see them end under its thread counts.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(t.name.startswith("fastload-fetch-") for t in threading.enumerate()):
+        time.sleep(0.05)
 
 
 def thread_count() -> int:

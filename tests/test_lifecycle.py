@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 import torch
-from conftest import thread_count
+from conftest import thread_count, without_leftover_downloads
 
 from fastload import ShardLoader
 from fastload.loading._native_backend import NativeEpoch
@@ -19,6 +19,7 @@ from fastload.loading._native_backend import NativeEpoch
 def baseline_threads(small_dataset):
     list(ShardLoader(small_dataset, batch_size=8, num_threads=4))  # warm up torch's own pools
     gc.collect()
+    without_leftover_downloads()
     return thread_count()
 
 

@@ -284,8 +284,11 @@ def test_an_interrupted_conversion_ends_on_whole_lines_and_its_resume_counts_fro
                "--tile-size", "16", "--labels-from-dirs", "--codec", "zstd", "--samples-per-shard", "100", "--order",
                "source"]
     with open(log, "w") as stderr:  # a log file, as a job scheduler's
+        # SIGINT's default restored in the child: a pytest-xdist worker ignores it, and an ignored signal is
+        # inherited (the Ctrl-C would not interrupt the conversion)
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                env={**os.environ, "FASTLOAD_TEST_SHARD_DELAY": "1"})  # 1 s after each shard
+                                env={**os.environ, "FASTLOAD_TEST_SHARD_DELAY": "1"},  # 1 s after each shard
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and proc.poll() is None:

@@ -220,8 +220,9 @@ def test_one_open_shard_set_per_process_while_the_files_are_unchanged(tiles, tmp
 
 
 def test_del_and_a_finished_pass_join_the_warm_up_thread(tiles):
-    from conftest import thread_count
+    from conftest import thread_count, without_leftover_downloads
 
+    without_leftover_downloads()
     before = thread_count()
     for _ in range(5):
         loader = ShardLoader(tiles, batch_size=64, num_threads=2)

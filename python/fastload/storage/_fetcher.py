@@ -244,6 +244,8 @@ class ShardFetcher:
                         self._queue.remove(index)
                         self._queue.insert(0, index)
                         self._cond.notify_all()
+                    if index in self._queue:
+                        self._start_threads()  # every thread busy at the limit: one more for the shard waited for
                     if deadline is not None and time.monotonic() > deadline:
                         raise RemoteError(f"{self._root.url_of(self._shards[index].file)}: not fetched within "
                                           f"{timeout:g} s")
@@ -285,8 +287,11 @@ class ShardFetcher:
                               "closed)")
 
     def _start_threads(self) -> None:  # with self._cond held
+        """Start download threads: as many as may download at once, plus one per shard a reader waits for."""
         self._threads = [t for t in self._threads if t.is_alive()]
-        while len(self._threads) < min(self._threads_wanted, len(self._queue)):
+        waited = sum(1 for i in self._queue if i in self._waited)
+        wanted = min(self._threads_wanted, self._concurrency.limit + waited, len(self._queue) + len(self._running))
+        while len(self._threads) < wanted:
             thread = threading.Thread(target=self._work, name=f"fastload-fetch-{len(self._threads)}", daemon=True)
             self._threads.append(thread)
             thread.start()
@@ -303,6 +308,9 @@ class ShardFetcher:
                     if self._stop.is_set():
                         return
                     if len(self._running) >= self._concurrency.limit and self._queue[0] not in self._waited:
+                        if len(self._threads) > self._concurrency.limit:  # more threads than may download: one ends
+                            self._threads = [t for t in self._threads if t is not threading.current_thread()]
+                            return
                         self._cond.wait(_AHEAD_WAIT_S)  # enough downloads at once (a reader waiting goes anyway)
                         continue
                     pick = self._next_allowed()
