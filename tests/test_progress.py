@@ -8,6 +8,7 @@ big enough for a line at every tenth of the work.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import logging
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,23 @@ class Clock:
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
+
+
+@contextlib.contextmanager
+def fastload_records() -> Iterator[list[logging.LogRecord]]:
+    """The records of the ``fastload`` loggers at INFO and above while the block runs (the level restored after)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("fastload")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 def reporter(total: int | None, clock: Clock, stream: io.StringIO, **kwargs) -> Progress:
@@ -193,22 +212,12 @@ def test_a_terminal_gets_the_bar_and_no_lines():
 
 def test_the_records_reach_a_configured_fastload_logger():
     clock, out = Clock(), io.StringIO()
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("fastload")
-    logger.addHandler(handler)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
+    with fastload_records() as records:
         with Progress("ds", 20, stream=out, program="tool", clock=clock, heartbeat=False, logger="fastload.verify") \
                 as bar:
             for _ in range(4):
                 clock.now += 1.0
                 bar.update(5)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
     assert {r.name for r in records} == {"fastload.verify"} and {r.levelno for r in records} == {logging.INFO}
     printed = [line.removeprefix("tool: ") for line in out.getvalue().splitlines()]
     assert [r.getMessage() for r in records] == printed and len(printed) == 5
@@ -349,20 +358,10 @@ def test_verify_and_upgrade_report_progress_lines(tmp_path):
 
 
 def test_a_library_call_prints_no_line_and_logs_its_progress(tmp_path, capsys):
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("fastload")
-    logger.addHandler(handler)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
+    with fastload_records() as records:
         samples = [{"image": np.full((3, 8, 8), i % 256, np.uint8)} for i in range(500)]
         fastload.write_dataset(samples, tmp_path / "ds", samples_per_shard=50, order="source")
         verify_dataset(tmp_path / "ds", progress=True)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
     assert capsys.readouterr().err == ""
     written = [r.getMessage() for r in records if r.name == "fastload.conversion"]
     assert written[0] == "ds: 0/500 samples (0 %)", written
@@ -392,20 +391,10 @@ SECRET = "SECRET-do-not-show-45"
 
 
 def test_publishing_to_object_storage_logs_its_upload_in_bytes(s3, tmp_path, capsys):
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("fastload")
-    logger.addHandler(handler)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
+    with fastload_records() as records:
         samples = [{"image": np.random.default_rng(i).integers(0, 255, (3, 32, 32), np.uint8)} for i in range(400)]
         fastload.write_dataset(samples, "s3://progress/out", samples_per_shard=40, storage_options=s3,
                                cache_dir=tmp_path / "cache")
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
     sent = [r.getMessage() for r in records if r.name == "fastload.publish"]
     assert re.fullmatch(r"publish s3://progress/out: 0\.0/1\.\d MB \(0 %\)", sent[0]), sent  # 10 shards, a manifest
     assert "(100 %)" in sent[-1] and "done in" in sent[-1] and len(sent) >= 4
