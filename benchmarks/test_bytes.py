@@ -21,7 +21,7 @@ for records of 64 B to 64 KB, and never larger than format 3.
 the 3 KB records and of the tiles in one process, epochs alternating between them (v3 first in
 even rounds, v4 first in odd ones) after a warm-up epoch each; per round v4's samples/s over v3's:
 their median and range. ``test_read_threads``: format 4's 3 KB records with 8 and 16 threads
-against 2, rounds rotating the three.
+against 2, rounds of 8 epochs (one epoch is about 20 ms) rotating the three.
 
 ``test_first_epoch_fresh``: a fresh process (benchmarks/bytes_epoch_helper.py) builds a loader over
 one format and iterates its first epochs, the formats alternating, in three settings: the files in
@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -325,11 +326,11 @@ def native_loader(path: Path, threads: int) -> fastload.ShardLoader:
                                 backend="native")
 
 
-def interleaved(loaders: dict[str, fastload.ShardLoader], rounds: int) -> tuple[dict[str, list[float]],
-                                                                                 dict[str, EpochResult]]:
-    """Run one warm-up epoch of each loader, then ``rounds`` rounds of one epoch each, the order rotating.
+def interleaved(loaders: dict[str, fastload.ShardLoader], rounds: int,
+                epochs: int = 1) -> tuple[dict[str, list[float]], dict[str, EpochResult]]:
+    """Run one warm-up epoch of each loader, then ``rounds`` rounds of ``epochs`` epochs each, the order rotating.
 
-    Returns each loader's samples/s per round and its EpochResult (of the timed epochs).
+    Returns each loader's samples/s per round and its EpochResult (of the timed rounds).
     """
     names = list(loaders)
     for loader in loaders.values():
@@ -339,10 +340,16 @@ def interleaved(loaders: dict[str, fastload.ShardLoader], rounds: int) -> tuple[
     rates: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            loaders[name].set_epoch(0)  # the same order every epoch, as benchmarks/test_epoch.py
-            run_epoch(lambda name=name: loaders[name], results[name])
+            run_epoch(lambda name=name: same_epoch(loaders[name], epochs), results[name])
             rates[name].append(results[name].samples / results[name].seconds[-1])
     return rates, results
+
+
+def same_epoch(loader: fastload.ShardLoader, epochs: int) -> Iterator:
+    """Yield the batches of epoch 0, ``epochs`` times over (the same order every time, as benchmarks/test_epoch.py)."""
+    for _ in range(epochs):
+        loader.set_epoch(0)
+        yield from loader
 
 
 def spread(ratios: list[float], prefix: str) -> dict[str, float]:
@@ -381,7 +388,8 @@ def test_read_steady(benchmark, store, name):
           f"{info['v4_over_v3_median']:.3f} [{info['v4_over_v3_min']:.3f}-{info['v4_over_v3_max']:.3f}]")
 
 
-THREAD_ROUNDS = 2 if QUICK else 40
+THREAD_ROUNDS = 2 if QUICK else 30
+THREAD_EPOCHS = 1 if QUICK else 8  # epochs per round: one epoch of 50,000 records is about 20 ms, too short to time
 
 
 def test_read_threads(benchmark, store):
@@ -390,7 +398,7 @@ def test_read_threads(benchmark, store):
     measured: dict = {}
 
     def run() -> None:
-        measured["rates"], measured["results"] = interleaved(loaders, THREAD_ROUNDS)
+        measured["rates"], measured["results"] = interleaved(loaders, THREAD_ROUNDS, THREAD_EPOCHS)
 
     benchmark.group = "bytes-read-threads-3KB-v4"
     with MemorySampler(interval=0.1) as memory:
@@ -398,15 +406,15 @@ def test_read_threads(benchmark, store):
     rates, results = measured["rates"], measured["results"]
     loaders.clear()
     gc.collect()
-    assert all(r.samples == w.case.count for r in results.values())
+    assert all(r.samples == w.case.count * THREAD_EPOCHS for r in results.values())
     info = extra_info(results["2t"], w.case.payload_per_sample, None, memory)  # the common figures: 2 threads
-    info["rounds"] = THREAD_ROUNDS
+    info["rounds"], info["epochs_per_round"] = THREAD_ROUNDS, THREAD_EPOCHS
     for t in ("2t", "8t", "16t"):
         info[f"{t}_median_samples_per_s"] = statistics.median(rates[t])
     for t in ("8t", "16t"):
         info.update(spread([a / b for a, b in zip(rates[t], rates["2t"])], f"{t}_over_2t"))
     benchmark.extra_info.update(info)
-    print(f"\n3KB v4 threads, {THREAD_ROUNDS} rounds, samples/s medians: " + ", ".join(
+    print(f"\n3KB v4 threads, {THREAD_ROUNDS} rounds of {THREAD_EPOCHS} epochs, samples/s medians: " + ", ".join(
         f"{t} {info[f'{t}_median_samples_per_s']:,.0f}" for t in ("2t", "8t", "16t")) + "; per round " + ", ".join(
         f"{t}/2t {info[f'{t}_over_2t_median']:.3f} [{info[f'{t}_over_2t_min']:.3f}-{info[f'{t}_over_2t_max']:.3f}]"
         for t in ("8t", "16t")))

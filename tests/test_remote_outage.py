@@ -137,7 +137,7 @@ def test_a_store_down_at_opening_is_a_typed_error_naming_the_manifest_once(tiles
     with pytest.raises(RemoteError) as caught:
         fastload.ShardDataset(url, storage_options={**options, "retry_timeout_s": 1.5}, cache_dir=tmp_path)
     message = str(caught.value)
-    assert message.startswith(f"{url}/") and "HEAD failed" in message, message
+    assert message.startswith(f"{url}/") and "GET failed" in message, message  # splits.json: the first request
     assert_names_the_url_once(message, message.split(": ", 1)[0])
     attempts, seconds = failure_parts(message)
     assert attempts >= 2 and seconds >= 1.5, message
@@ -158,6 +158,30 @@ def test_a_missing_object_is_not_retried(tiles, s3, proxy, tmp_path):  # noqa: F
     assert_names_the_url_once(str(caught.value), f"{url}/shard-00003.lmdb")
     assert [n for k, n in fp.seen.items() if k.endswith("shard-00003.lmdb")] == [1], fp.seen
     assert {n for k, n in fp.seen.items() if "missing" in k} == {1}, fp.seen  # (splits.json, manifest.json)
+
+
+def test_opening_a_dataset_asks_for_each_file_once(tiles, s3, proxy, tmp_path):  # noqa: F811
+    """A dataset opens with one GET of splits.json (its 404: not a root) and one of the manifest, no HEAD first."""
+    _, url = tiles
+    fp, options = proxy
+    fastload.ShardLoader(url, batch_size=16, storage_options=options, cache_dir=tmp_path / "c")
+    asked = {k: n for k, n in fp.seen.items() if ".lmdb" not in k}
+    assert asked == {f"GET /{BUCKET}/tiles/splits.json": 1, f"GET /{BUCKET}/tiles/manifest.json": 1}, fp.seen
+
+
+def test_a_manifest_or_splits_file_larger_than_its_kind_may_be_is_refused(tiles, s3, proxy, tmp_path,  # noqa: F811
+                                                                         monkeypatch):
+    """The size in the GET's own answer is checked before its body is read: a store can't make it hold more."""
+    _, url = tiles
+    fp, options = proxy
+    monkeypatch.setattr("fastload.storage._remote.MAX_MANIFEST_BYTES", 100)
+    with pytest.raises(RemoteError, match=r"manifest\.json: \d+ bytes, more than the 100 a file of its kind"):
+        fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path / "c")
+    s3[1].put_object(Bucket=BUCKET, Key="big-splits/splits.json", Body=b" " * 1000)
+    monkeypatch.setattr("fastload.storage._remote.MAX_SPLITS_BYTES", 999)
+    with pytest.raises(RemoteError, match=r"big-splits/splits\.json: 1000 bytes, more than the 999"):
+        fastload.ShardDataset(f"s3://{BUCKET}/big-splits", storage_options=options, cache_dir=tmp_path / "c")
+    assert not (tmp_path / "c").exists() or not list((tmp_path / "c").rglob("manifest.json"))
 
 
 def test_a_refused_permission_is_not_retried(tiles, proxy, tmp_path):  # noqa: F811

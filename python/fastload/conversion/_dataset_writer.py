@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +34,9 @@ from ._shard_writer import dataset_id
 from ._source_files import source_stat
 from ._sources import Source
 from ._write_order import READS_NOTE_FROM, check_order, order_doc, picks_of, shuffled_job, write_order
+
+_log = logging.getLogger("fastload.conversion")  # a library prints nothing itself: logging's last resort, or the
+# application's handlers, show its note
 
 _DELAY_ENV = "FASTLOAD_TEST_SHARD_DELAY"  # tests: seconds to sleep after each shard
 # From this many local worker processes on, the workers write the shards (when they can be planned): the
@@ -262,9 +265,9 @@ def write_dataset(job: WriteJob, workers: int, skip_bad: bool, resume: bool, pro
         planned = shuffled_job(job, order)
         reads = order.reads_per_source()
         if reads >= READS_NOTE_FROM:
-            print(f"note: {out_dir.name}: the shuffled order reads each source file about {reads:.0f} times (once per "
-                  f"group of {order.group} samples it spans); --order source reads each once (docs/conversion.md, "
-                  "\"Write order\")", file=sys.stderr)
+            _log.warning("note: %s: the shuffled order reads each source file about %.0f times (once per group of %d "
+                         "samples it spans); --order source reads each once (docs/conversion.md, \"Write order\")",
+                         out_dir.name, reads, order.group)
     counts = planned.tile_counts
     capacity = None
     by_tasks = client is not None or workers >= POOL_TASKS_WRITE_FROM

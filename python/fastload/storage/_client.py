@@ -274,13 +274,21 @@ class RemoteRoot:
             raise kind(f"{where}: {what} failed: {reason}") from None
 
     def read_bytes(self, relpath: str, limit: int) -> bytes:
-        """Return the whole object ``relpath``; refuse one larger than ``limit`` bytes before reading it."""
+        """Return the whole object ``relpath``; refuse one larger than ``limit`` bytes before reading its body.
+
+        One request: the size is the GET's own response header, checked before the body is read.
+        """
         obstore = _obstore()
-        size = self.size(relpath)
-        if size > limit:
-            raise RemoteError(f"{self.url_of(relpath)}: {size} bytes, more than the {limit} a file of its kind "
-                              f"may have")
-        data = self.call(relpath, "GET", lambda: bytes(obstore.get(self.store, relpath).bytes()))
+
+        def get() -> bytes:
+            result = obstore.get(self.store, relpath)
+            size = int(result.meta["size"])
+            if size > limit:
+                raise RemoteError(f"{self.url_of(relpath)}: {size} bytes, more than the {limit} a file of its kind "
+                                  f"may have")
+            return bytes(result.bytes())
+
+        data = self.call(relpath, "GET", get)
         if len(data) > limit:
             raise RemoteError(f"{self.url_of(relpath)}: {len(data)} bytes, more than {limit}")
         return data

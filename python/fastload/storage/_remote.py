@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._progress import Progress
-from ..errors import ArgumentError, ArgumentTypeError, DatasetError, RemoteError
+from ..errors import ArgumentError, ArgumentTypeError, DatasetError, RemoteError, RemoteNotFoundError
 from ..format._manifest import MANIFEST_NAME, load_manifest
 from ..format._manifest_check import MAX_MANIFEST_BYTES
 from ..format._splits import MAX_SPLITS_BYTES, SPLITS_NAME, read_splits
@@ -81,7 +81,9 @@ class CachedDataset:
     them by ``open_remote(..., shards=True)``.
     """
 
-    def __init__(self, source_url: str, path: Path, reading: FileLock, spec: RemoteSpec) -> None:
+    def __init__(self, source_url: str, path: Path, reading: FileLock, spec: RemoteSpec,
+                 root: RemoteRoot | None = None) -> None:
+        """``root``: the store the manifest came through, reused by this process's fetcher (not after a fork)."""
         self.source_url = source_url  # as given (one split's): it may hold a token, so it is never shown
         self.url = redact(source_url)
         self.path = path
@@ -91,6 +93,7 @@ class CachedDataset:
         self._fetcher_pid = 0
         self._fetcher_lock = (os.getpid(), threading.Lock())  # one fetcher per process, whichever thread asks
         self._pid = os.getpid()  # the process that opened it: a forked child's fetcher is a ForkedFetcher
+        self._root = root
         self._claim: FileLock | None = None  # the room this process's reader claimed in a windowed version
         self._claimed = 0
 
@@ -108,8 +111,9 @@ class CachedDataset:
                 if self._pid != os.getpid():  # obstore does not work after fork: a fresh interpreter fetches
                     self._fetcher = ForkedFetcher(self.source_url, self._spec, self.path, shards, self.url)
                 else:
-                    self._fetcher = ShardFetcher(RemoteRoot(self.source_url, self._spec.storage_options),
-                                                 self.path, shards, ahead=self._spec.predownload)
+                    root = self._root if self._root is not None else RemoteRoot(self.source_url,
+                                                                                self._spec.storage_options)
+                    self._fetcher = ShardFetcher(root, self.path, shards, ahead=self._spec.predownload)
                 self._fetcher_pid = os.getpid()
             return self._fetcher
 
@@ -160,12 +164,16 @@ class CachedDataset:
         self._reading.release()
 
 
-def remote_splits(url: str, spec: RemoteSpec) -> dict[str, str] | None:
-    """Return split name -> URL for a root with ``splits.json`` (validated as a local one), else None."""
-    root = RemoteRoot(url, spec.storage_options)
-    if not root.exists(SPLITS_NAME):
+def remote_splits(url: str, spec: RemoteSpec, root: RemoteRoot | None = None) -> dict[str, str] | None:
+    """Return split name -> URL for a root with ``splits.json`` (validated as a local one), else None.
+
+    One GET (its 404 says there is none). ``root``: a store already open at ``url``, used instead of a new one.
+    """
+    root = root if root is not None else RemoteRoot(url, spec.storage_options)
+    try:
+        data = root.read_bytes(SPLITS_NAME, MAX_SPLITS_BYTES)
+    except RemoteNotFoundError:
         return None
-    data = root.read_bytes(SPLITS_NAME, MAX_SPLITS_BYTES)
     try:
         with tempfile.TemporaryDirectory(prefix="fastload-splits-") as tmp:
             Path(tmp, SPLITS_NAME).write_bytes(data)
@@ -179,9 +187,12 @@ def remote_splits(url: str, spec: RemoteSpec) -> dict[str, str] | None:
     return {name: join_url(url, str(entry["path"])) for name, entry in splits.items()}
 
 
-def resolve_remote_split(url: str, split: str | None, spec: RemoteSpec) -> str:
-    """Return the URL of the dataset meant by ``url`` and ``split`` (a root with ``splits.json`` needs one)."""
-    splits = remote_splits(url, spec)
+def resolve_remote_split(url: str, split: str | None, spec: RemoteSpec, root: RemoteRoot | None = None) -> str:
+    """Return the URL of the dataset meant by ``url`` and ``split`` (a root with ``splits.json`` needs one).
+
+    ``root``: a store already open at ``url``, used instead of a new one.
+    """
+    splits = remote_splits(url, spec, root)
     if splits is None:
         if split is not None:
             raise DatasetError(f"{redact(url)}: split={split!r} given, but this is not a dataset root with splits "
@@ -207,8 +218,10 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Fa
     ``shards=True``: all of them, several at once, each checked against the manifest (``progress``: their
     bytes reported as they arrive, ``_progress.Progress``, logger ``fastload.download``).
     """
-    url = resolve_remote_split(url, split, spec)
-    root = RemoteRoot(url, spec.storage_options)
+    root = RemoteRoot(url, spec.storage_options)  # one store for every request of this process (making one takes ms)
+    resolved = resolve_remote_split(url, split, spec, root)
+    if resolved != url:
+        url, root = resolved, RemoteRoot(resolved, spec.storage_options)
     manifest_bytes = root.read_bytes(MANIFEST_NAME, MAX_MANIFEST_BYTES)
     version = version_dir(spec.cache_dir, url, manifest_bytes)
 
@@ -232,7 +245,7 @@ def open_remote(url: str, split: str | None, spec: RemoteSpec, shards: bool = Fa
         reading = waiting_for_room(spec.cache_dir, place_and_make_room)
     except OSError as err:  # the cache's own files: permissions, a full disk, locks the filesystem refuses
         raise RemoteError(f"cache {spec.cache_dir}: {err.strerror or err} (opening {redact(url)})") from None
-    cached = CachedDataset(url, version, reading, spec)
+    cached = CachedDataset(url, version, reading, spec, root)
     if shards:
         try:
             fetch_all(cached.fetcher, progress, f"download {redact(url)}")
