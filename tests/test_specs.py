@@ -18,6 +18,9 @@ from fastload.loading._specs import (
     SourceSpec,
     auto_prefetch,
     resolve_backend,
+    running_threads,
+    shard_bytes,
+    usable_cores,
 )
 
 
@@ -105,3 +108,33 @@ def test_the_loader_exposes_what_its_specs_resolved(small_dataset):
     assert [f.name for f in loader.dataset.fields] == ["label"]
     with pytest.raises(ArgumentError, match="batch_size"):  # checked before the dataset is opened
         fastload.ShardLoader("/nonexistent/dataset", batch_size=0)
+
+
+def test_threads_beyond_the_cores_take_turns_unless_the_shards_are_read_from_disk():
+    gib = 2**30
+    assert running_threads(16, 100 << 20, cores=2, memory=24 * gib) == 2  # in memory: CPU work, 2 run at once
+    assert running_threads(8, 12 * gib, cores=2, memory=24 * gib) == 2  # half of the memory still fits
+    assert running_threads(8, 12 * gib + 1, cores=2, memory=24 * gib) == 8  # from disk: every thread runs
+    assert running_threads(2, 100 * gib, cores=2, memory=24 * gib) == 2
+    assert running_threads(3, 0, cores=8, memory=24 * gib) == 3  # fewer threads than cores: all of them
+    assert running_threads(16, 1 << 20, cores=2, memory=0) == 2  # memory unknown: the cores bound
+
+
+def test_the_loader_runs_as_many_threads_at_once_as_cores_and_reads_the_same_batches(small_dataset, monkeypatch):
+    cores = usable_cores()
+    loader = fastload.ShardLoader(small_dataset, batch_size=4, shuffle=True, seed=1, num_threads=8, backend="native")
+    assert loader.num_threads == 8 and loader._native_settings(False).max_running == min(8, cores)
+    # The batches in flight are those of the threads that run (auto_prefetch of the running count).
+    assert loader.prefetch == auto_prefetch(min(8, cores), 4 * (3 * 8 * 8 + 8), False)
+    batches = [b["label"] for b in loader]
+    stats = loader.stats()
+    assert 1 <= stats["peak_running"] <= min(8, cores), stats
+    one = fastload.ShardLoader(small_dataset, batch_size=4, shuffle=True, seed=1, num_threads=1, backend="native")
+    assert all(torch.equal(a, b["label"]) for a, b in zip(batches, one, strict=True))
+    # Shards larger than half of the memory are read from disk: every thread runs, with the deeper window.
+    monkeypatch.setattr("fastload.loading._specs.physical_memory", lambda: 2 * shard_bytes([loader.dataset]) - 2)
+    from_disk = fastload.ShardLoader(small_dataset, batch_size=4, num_threads=8, backend="native")
+    assert from_disk._native_settings(False).max_running == 8
+    assert from_disk.prefetch == auto_prefetch(8, 4 * (3 * 8 * 8 + 8), False)
+    assert [b["label"].tolist() for b in from_disk] == [b["label"].tolist() for b in
+                                                        fastload.ShardLoader(small_dataset, batch_size=4)]

@@ -82,7 +82,7 @@ class PyBatchReader {
                 size_t batch_capacity, size_t num_threads, bool verify,
                 const std::vector<StepTuple>& steps, size_t num_params, uint64_t max_sample_bytes,
                 uint16_t record_version, uint64_t schema_fingerprint, std::vector<uint64_t> shard_fingerprints,
-                std::shared_ptr<SlotPool> pool)
+                std::shared_ptr<SlotPool> pool, size_t max_running)
       : dtypes_(std::move(dtypes)), shapes_(std::move(shapes)), num_params_(num_params) {
     if (dtypes_.size() != fields.size() || shapes_.size() != fields.size() || decode.size() != fields.size()) {
       throw py::value_error("fields, dtypes, shapes and decode differ in length");
@@ -101,6 +101,7 @@ class PyBatchReader {
     options.schema_fingerprint = schema_fingerprint;
     options.shard_fingerprints = std::move(shard_fingerprints);
     options.pool = std::move(pool);
+    options.max_running = max_running;
     {
       const GilRelease release;
       reader_ = std::make_unique<BatchReader>(std::move(shards), std::move(specs), std::move(options));
@@ -418,6 +419,7 @@ py::dict stats_dict(const ReaderStats& s) {
   d["copy_s"] = static_cast<double>(s.decode_ns - std::min(s.decode_ns, s.decompress_ns)) * 1e-9;
   d["wait_s"] = static_cast<double>(s.wait_ns) * 1e-9;
   d["transform_s"] = static_cast<double>(s.transform_ns) * 1e-9;
+  d["peak_running"] = s.peak_running;
   return d;
 }
 
@@ -438,15 +440,17 @@ void register_reader(py::module_& m) {
       .def(py::init<std::shared_ptr<const ShardSet>, const std::vector<FieldTuple>&, std::vector<py::dtype>,
                     std::vector<std::vector<py::ssize_t>>, std::vector<bool>, size_t, size_t, bool,
                     const std::vector<StepTuple>&, size_t, uint64_t, uint16_t, uint64_t,
-                    std::vector<uint64_t>, std::shared_ptr<SlotPool>>(),
+                    std::vector<uint64_t>, std::shared_ptr<SlotPool>, size_t>(),
            py::arg("shards"), py::arg("fields"), py::arg("dtypes"), py::arg("shapes"), py::arg("decode"),
            py::arg("batch_capacity"), py::arg("num_threads"), py::arg("verify") = true,
            py::arg("transforms") = std::vector<StepTuple>{},
            py::arg("num_params") = 0, py::arg("max_sample_bytes") = kDefaultMaxSampleBytes,
            py::arg("record_version") = kRecordVersion, py::arg("schema_fingerprint") = 0,
-           py::arg("shard_fingerprints") = std::vector<uint64_t>{}, py::arg("pool") = std::shared_ptr<SlotPool>())
+           py::arg("shard_fingerprints") = std::vector<uint64_t>{}, py::arg("pool") = std::shared_ptr<SlotPool>(),
+           py::arg("max_running") = 0)
       .def_property_readonly("slot_bytes", [](PyBatchReader& r) { return r.reader().slot_bytes(); })
       .def_property_readonly("num_threads", [](PyBatchReader& r) { return r.reader().num_threads(); })
+      .def_property_readonly("max_running", [](PyBatchReader& r) { return r.reader().max_running(); })
       .def_property_readonly("pool", [](PyBatchReader& r) { return r.reader().pool(); })
       .def_property_readonly("free_slots", [](PyBatchReader& r) { return r.reader().pool()->free_count(); })
       .def_property_readonly("total_slots", [](PyBatchReader& r) { return r.reader().pool()->total_count(); })

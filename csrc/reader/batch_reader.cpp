@@ -191,13 +191,17 @@ BatchReader::BatchReader(std::shared_ptr<const ShardSet> shards, std::vector<Fie
   size_t sample_bytes = 0;
   for (size_t f = 0; f < fields_.size(); ++f) sample_bytes += decode_[f] ? static_cast<size_t>(sample_bytes_[f]) : 0;
   const size_t min_samples = std::max<size_t>(1, kMinChunkBytes / std::max<size_t>(1, sample_bytes));
-  chunk_size_ = std::max({size_t{1}, capacity_ / (num_threads * 4), std::min(min_samples, capacity_)});
+  max_running_ = options.max_running == 0 ? num_threads : std::min(options.max_running, num_threads);
+  chunk_size_ = std::max({size_t{1}, capacity_ / (max_running_ * 4), std::min(min_samples, capacity_)});
   pool_ = options.pool && options.pool->slot_bytes() == slot_bytes_ ? std::move(options.pool)
                                                                      : std::make_shared<SlotPool>(slot_bytes_);
+  worker_cv_ = std::make_unique<std::condition_variable[]>(num_threads);
+  woken_.assign(num_threads, 0);
+  idle_.reserve(num_threads);
   try {
     for (size_t i = 0; i < num_threads; ++i) workers_.emplace_back([this, i] {
         name_this_thread("fastload-w" + std::to_string(i));
-        worker_main();
+        worker_main(i);
       });
   } catch (...) {
     close();
@@ -214,7 +218,7 @@ void BatchReader::close() noexcept {
     stop_flag_.store(true);
     work_.clear();
   }
-  work_cv_.notify_all();
+  for (size_t i = 0; i < workers_.size(); ++i) worker_cv_[i].notify_all();
   done_cv_.notify_all();
   for (std::thread& t : workers_) {
     if (t.joinable()) t.join();
@@ -328,10 +332,17 @@ void BatchReader::wake_locked() {
   size_t chunks = 0;
   for (const auto& job : work_) {
     chunks += job->num_chunks - std::min(job->num_chunks, job->next_chunk.load(std::memory_order_relaxed));
-    if (chunks >= idle_workers_) break;
+    if (chunks >= idle_.size()) break;
   }
-  const size_t wake = std::min(chunks, idle_workers_);
-  for (size_t i = 0; i < wake; ++i) work_cv_.notify_one();
+  const size_t turns = max_running_ - std::min(max_running_, running_);
+  const size_t wake = std::min({chunks, idle_.size(), turns});
+  for (size_t i = 0; i < wake; ++i) {  // the last to go idle first, each with a turn of its own
+    const size_t worker = idle_.back();
+    idle_.pop_back();
+    woken_[worker] = 1;
+    take_turn_locked();
+    worker_cv_[worker].notify_one();
+  }
 }
 
 bool BatchReader::submit(std::vector<uint64_t> indices, std::vector<int64_t> params) {
@@ -462,7 +473,7 @@ void BatchReader::refill_locked() {
   submit_planned_locked();
   // work_ may still hold a finished job (a worker drops it once it finds no chunk left), even with
   // nothing in flight.
-  if (idle_workers_ == 0 || work_.empty() || inflight_.empty()) return;
+  if (idle_.empty() || work_.empty() || inflight_.empty()) return;
   // A consumer back from a sleep left the workers only the last quarter of the window (wake_after_locked):
   // workers that ran out of chunks meanwhile are woken for the first batch its takes submit, not once it
   // has taken half the window. At most one wake per sleep, and none while every worker is busy (the common
@@ -553,7 +564,12 @@ std::optional<CompletedBatch> BatchReader::wait_next(std::chrono::milliseconds t
   return CompletedBatch{std::move(job->slot), job->indices.size()};
 }
 
-void BatchReader::worker_main() {
+void BatchReader::take_turn_locked() {
+  ++running_;
+  peak_running_ = std::max(peak_running_, running_);
+}
+
+void BatchReader::worker_main(size_t index) {
   RecordDecoder decoder(fields_, decoder_options_);
   Scratch scratch;
   if (transforms_) {
@@ -565,14 +581,29 @@ void BatchReader::worker_main() {
     scratch.b.resize(transforms_->scratch_bytes());
   }
   std::shared_ptr<Job> job;
+  bool turn = false;  // this worker holds one of the max_running_ turns
   for (;;) {
     if (!job) {
       std::unique_lock<std::mutex> lock(mutex_);
       submit_planned_locked();  // a free slot and room in the window: the next planned batch, with no wake
-      ++idle_workers_;
-      work_cv_.wait(lock, [this] { return stop_ || !work_.empty(); });
-      --idle_workers_;
-      if (stop_) return;
+      for (;;) {
+        if (stop_) return;
+        if (turn && !work_.empty()) break;  // work, and a turn to do it in (kept from the last job, or given)
+        if (turn) {  // no work left: the turn goes back
+          --running_;
+          turn = false;
+        }
+        if (!work_.empty() && running_ < max_running_) {  // work, and a turn free: no need to sleep
+          take_turn_locked();
+          turn = true;
+          continue;
+        }
+        idle_.push_back(index);
+        worker_cv_[index].wait(lock, [this, index] { return stop_ || woken_[index] != 0; });
+        if (stop_) return;
+        woken_[index] = 0;
+        turn = true;  // wake_locked() took it off idle_ and counted its turn in running_
+      }
       job = work_.front();
     }
     const size_t chunk = job->next_chunk.fetch_add(1);
@@ -697,6 +728,8 @@ ReaderStats BatchReader::stats() const {
   s.decompress_ns = decompress_ns_.load();
   s.wait_ns = wait_ns_.load();
   s.transform_ns = transform_ns_.load();
+  std::lock_guard<std::mutex> lock(mutex_);
+  s.peak_running = peak_running_;
   return s;
 }
 
@@ -705,6 +738,8 @@ void BatchReader::reset_stats() {
                   &wait_ns_, &transform_ns_}) {
     c->store(0);
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  peak_running_ = running_;
 }
 
 }  // namespace fastload

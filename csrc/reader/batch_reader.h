@@ -62,6 +62,10 @@ struct CompletedBatch {
 struct ReaderOptions {
   size_t batch_capacity = 1;
   size_t num_threads = 1;
+  // How many workers decode at once (0: num_threads). The others wait for a turn, taken when a worker
+  // has no work left: threads beyond the cores that run them only take turns with the ones running
+  // (the policy decides: fastload/loading/_native_backend.py).
+  size_t max_running = 0;
   bool verify_checksums = true;
   std::vector<bool> decode_field;  // per field; empty means every field
   // Optional: every sample's fields go through it (decoded into per-thread
@@ -92,6 +96,7 @@ struct ReaderStats {
   uint64_t decompress_ns = 0;  // the part of decode_ns spent inside zstd
   uint64_t transform_ns = 0;   // in transform kernels, summed over workers
   uint64_t wait_ns = 0;        // the consumer blocked in wait_next
+  uint64_t peak_running = 0;   // the most workers that held a turn at once (at most max_running())
 };
 
 class BatchReader {
@@ -106,6 +111,7 @@ class BatchReader {
   bool decodes_field(size_t f) const { return decode_.at(f); }
   size_t batch_capacity() const noexcept { return capacity_; }
   size_t num_threads() const noexcept { return workers_.size(); }
+  size_t max_running() const noexcept { return max_running_; }
   const std::shared_ptr<SlotPool>& pool() const noexcept { return pool_; }
   // Bytes field f of one batch needs in a buffer of its own (capacity * decoded bytes).
   size_t field_bytes(size_t f) const { return capacity_ * sample_bytes(f); }
@@ -197,7 +203,7 @@ class BatchReader {
 
  private:
   struct Job;
-  void worker_main();
+  void worker_main(size_t index);
   struct Scratch;
   void run_chunk(Job& job, size_t chunk, RecordDecoder& decoder, Scratch& scratch);
   std::shared_ptr<Job> make_job(std::vector<uint64_t> indices, std::vector<int64_t> params) const;
@@ -229,7 +235,6 @@ class BatchReader {
   std::shared_ptr<SlotPool> pool_;
 
   mutable std::mutex mutex_;
-  std::condition_variable work_cv_;
   std::condition_variable done_cv_;
   std::deque<std::shared_ptr<Job>> work_;      // jobs with chunks not yet claimed
   std::deque<std::shared_ptr<Job>> inflight_;  // every undelivered job, in order
@@ -242,7 +247,15 @@ class BatchReader {
   size_t consumer_wants_ = 0;                  // leading batches the waiting consumer waits for; 0: not waiting
   bool wake_workers_after_sleep_ = false;      // the consumer slept: idle workers get one wake for new work
   bool stop_ = false;
-  size_t idle_workers_ = 0;  // workers blocked on work_cv_ (guarded by mutex_)
+  // Idle workers wait on their own condition variable, and wake_locked() wakes the one that went idle
+  // last: the threads that run stay few and hot (their caches, their core), however many there are.
+  std::unique_ptr<std::condition_variable[]> worker_cv_;  // per worker
+  std::vector<char> woken_;                               // per worker: woken with a turn (guarded by mutex_)
+  std::vector<size_t> idle_;                              // idle workers, the last to go idle last (mutex_)
+  size_t max_running_ = 1;  // workers that may hold a turn at once (ReaderOptions::max_running)
+  size_t running_ = 0;      // workers holding a turn: from taking work (or a wake) to finding none (mutex_)
+  size_t peak_running_ = 0;  // the most running_ was since reset_stats() (mutex_)
+  void take_turn_locked();   // ++running_, and peak_running_ with it
   std::atomic<bool> stop_flag_{false};  // stop_, readable without the lock between chunks
   std::vector<std::thread> workers_;
 

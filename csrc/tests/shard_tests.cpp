@@ -147,15 +147,21 @@ uint64_t count_good_samples(const ShardSet& shards) {
   return good;
 }
 
-// Every sample read by 4 threads in the epoch order of `order`, checked value by value.
-void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& order) {
+// Every sample read by `threads` threads in the epoch order of `order`, checked value by value; at most
+// `max_running` of them (0: all) decoding at once, each record read `delay_us` late.
+void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& order, size_t threads = 4,
+                        size_t max_running = 0, uint32_t delay_us = 0) {
   auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts(), packed());
   CHECK(shards->total_records() == kSamples);
   ReaderOptions options;
   options.batch_capacity = 32;
-  options.num_threads = 4;
+  options.num_threads = threads;
+  options.max_running = max_running;
   options.shard_fingerprints = written_fingerprints(*shards);
   BatchReader reader(shards, kFields, options);
+  const size_t turns = max_running == 0 ? threads : std::min(max_running, threads);
+  CHECK(reader.num_threads() == threads && reader.max_running() == turns);
+  reader.set_read_delay_for_tests(delay_us);
   std::vector<std::vector<uint8_t>> memory(3, std::vector<uint8_t>(reader.slot_bytes()));
   for (auto& m : memory) reader.pool()->add(m.data(), m.size(), nullptr);
   std::vector<bool> seen(kSamples, false);
@@ -191,6 +197,10 @@ void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& or
   CHECK(good == kSamples);
   CHECK(std::count(seen.begin(), seen.end(), true) == static_cast<long>(kSamples));
   CHECK(reader.stats().samples == kSamples);
+  // Never more at once than the turns; with slow reads and two batches submitted together, exactly that many
+  // (the second submit wakes a second worker while the first still reads).
+  CHECK(reader.stats().peak_running <= turns);
+  if (delay_us > 0) CHECK(reader.stats().peak_running == std::min<size_t>(turns, 2));
 }
 
 // Batches planned ahead (BatchReader::plan): the reader submits them itself,
@@ -1115,6 +1125,9 @@ int main(int argc, char** argv) {
   try {
     const std::vector<uint64_t> order = test_order(dir);
     test_threaded_read(dataset, order);
+    test_threaded_read(dataset, order, 8, 2, 50);  // 8 threads taking 2 turns
+    test_threaded_read(dataset, order, 3, 1, 20);  // one at a time
+    test_threaded_read(dataset, order, 2, 5, 20);  // more turns than threads: every thread runs
     test_planned_read(dir, order);
     test_rank_plan_read(dir, order);
     test_consumer_waits_for_most_of_the_window(dataset);

@@ -35,7 +35,7 @@ from ._remote_shards import (
 )
 from ._sampler import EpochBatchSampler, EpochSampler
 from ._sampling_setup import WithSource, dataset_fingerprint
-from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec, usable_cores
+from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec, shard_bytes, usable_cores
 from ._state import MAX_EPOCH, check_state, make_state
 from ._torch_backend import OrderBatchSampler, make_dataloader, relay_notices, workers_for_platform
 from ._warm_up import WarmUp, start_warm_up
@@ -180,7 +180,7 @@ class ShardLoader:
         placement = DeviceSpec.build(device, pin_memory)
         reading = ReadSpec.build(backend, num_threads, prefetch, num_workers, prefetch_factor, persistent_workers,
                                  multiprocessing_context, order.batch_size * source.sample_bytes,
-                                 placement.pin_memory)
+                                 placement.pin_memory, data_bytes=shard_bytes(parts_of(source.dataset)))
         self.dataset: ShardDataset | ConcatShardDataset = source.dataset
         self.batch_size, self.shuffle, self.seed, self.drop_last = (order.batch_size, order.shuffle, order.seed,
                                                                     order.drop_last)
@@ -189,6 +189,7 @@ class ShardLoader:
         self._topology, self.even_batches = distribution.topology, distribution.even_batches
         self.device, self.pin_memory = placement.device, placement.pin_memory
         self.num_threads, self.prefetch, self.backend = reading.num_threads, reading.prefetch, reading.backend
+        self._running = reading.running  # of the native threads, how many decode at once (_specs.running_threads)
         check_dataset_class(self.dataset, self.backend)
         check_cache_fits(self._parts(), self.shuffle, self._sampling)
         self.augment = Augment(self.dataset, transforms, layout, batch_transform, output, seed)
@@ -450,7 +451,8 @@ class ShardLoader:
     def _native_settings(self, grouped: bool, unfaulted: Sequence[np.ndarray] = ()) -> NativeSettings:
         return NativeSettings(self.num_threads, self.prefetch, self.pin_memory, self.verify_checksums,
                               host_allocator=self._host_allocator, slots=None if grouped else self._slots,
-                              prefault_while_waiting=self.num_threads < usable_cores(), unfaulted=unfaulted)
+                              prefault_while_waiting=self._running < usable_cores(), unfaulted=unfaulted,
+                              max_running=self._running)
 
     def _start_warm_up(self) -> WarmUp | None:
         """Start faulting in the first pass's batch buffers and mapping the cached shard pages (``_warm_up.py``).
@@ -563,6 +565,8 @@ class ShardLoader:
         wait_s (time the consumer waited for data),
         wall_s, wait_share, and for the native backend bytes_read,
         bytes_decoded, read_s, decompress_s, copy_s (summed over threads),
+        peak_running (the most threads that decoded at once: beyond the cores they take turns,
+        docs/loading.md),
         ready_batches, prefaulted_bytes and prefault_s (fresh batch buffers the
         consumer's thread faulted in while it waited, a first epoch's, and the
         time that took, counted in wait_s too); after a warm-up (``warm_up=True``)

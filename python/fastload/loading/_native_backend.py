@@ -56,6 +56,8 @@ class NativeSettings:
     # Pooled slots' memory a warm-up before the first pass did not fault in (``_warm_up.py``), the slot needed
     # soonest last: with prefault_while_waiting, the consumer's thread goes on with it.
     unfaulted: Sequence[np.ndarray] = ()
+    # How many threads decode at once (0: all of them); the others wait for a turn (docs/performance.md).
+    max_running: int = 0
 
     def allocator(self) -> HostAllocator | None:
         """Return the allocator of single-use batch buffers, or None for pooled numpy buffers."""
@@ -208,7 +210,7 @@ class NativeEpoch:
             steps, num_params, max_sample_bytes=max_sample_bytes(),
             record_version=dataset.manifest.format_version, schema_fingerprint=schema_fingerprint(schema),
             shard_fingerprints=list(fingerprints),
-            pool=self._pool)
+            pool=self._pool, max_running=settings.max_running)
         if self._slots is not None:
             self._pool = self._reader.pool  # the lent one, or a new one when its buffers are of another size
             # The window, the batch in use and the one a loop variable still holds: a consumer that once

@@ -179,16 +179,22 @@ class ReadSpec:
     prefetch_factor: int | None
     persistent_workers: bool
     multiprocessing_context: str | None
+    running: int  # how many of the native threads decode at once (``running_threads``)
 
     @classmethod
     def build(cls, backend: str, num_threads: Union[int, Auto], prefetch: Union[int, Auto],
               num_workers: Union[int, Auto], prefetch_factor: int | None, persistent_workers: bool,
-              multiprocessing_context: str | None, batch_bytes: int, pin_memory: bool) -> ReadSpec:
-        """Check the reading parameters and resolve the ``"auto"`` ones for batches of ``batch_bytes``."""
+              multiprocessing_context: str | None, batch_bytes: int, pin_memory: bool,
+              data_bytes: int = 0) -> ReadSpec:
+        """Check the reading parameters and resolve the ``"auto"`` ones for batches of ``batch_bytes``.
+
+        ``data_bytes``: the shard files' size, which decides how many threads run at once (``running_threads``).
+        """
         threads = min(os.cpu_count() or 1, 8) if num_threads == "auto" else _positive_int(
             "num_threads", num_threads, MAX_THREADS)
+        running = running_threads(threads, data_bytes)
         if prefetch == "auto":
-            ahead = auto_prefetch(threads, batch_bytes, pin_memory)
+            ahead = auto_prefetch(running, batch_bytes, pin_memory)  # batches for the threads that run
         else:
             ahead = _positive_int("prefetch", prefetch, MAX_THREADS)
         if num_workers != "auto" and (isinstance(num_workers, bool) or not isinstance(num_workers, int)
@@ -197,7 +203,7 @@ class ReadSpec:
         if prefetch_factor is not None:
             _positive_int("prefetch_factor", prefetch_factor, MAX_THREADS)
         return cls(resolve_backend(backend), threads, ahead, num_workers, prefetch_factor, bool(persistent_workers),
-                   multiprocessing_context)
+                   multiprocessing_context, running)
 
 
 def resolve_backend(backend: str) -> str:
@@ -240,6 +246,39 @@ def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool, cores: i
     if num_threads <= (usable_cores() if cores is None else cores):
         return max(4, num_threads, min(MAX_SMALL_BATCH_WINDOW, -(-SMALL_BATCH_WINDOW_BYTES // batch_bytes)))
     return max(prefetch, min(MAX_AUTO_PREFETCH, -(-MIN_PREFETCH_BYTES // batch_bytes)))
+
+
+def running_threads(num_threads: int, data_bytes: int, cores: int | None = None, memory: int | None = None) -> int:
+    """Return how many of the native reader's ``num_threads`` decode at once; the others wait for a turn.
+
+    Reading shards held in memory (the page cache) is CPU work: threads beyond the ``cores`` this
+    process may run on only take the cores from one another, and needed a window of batches several
+    times deeper to stay busy, which no longer fits the CPU's cache. So at most ``cores`` of them run,
+    the threads that went idle last first (csrc/reader/batch_reader.h): 8 or 16 threads read as fast
+    as 2 on 2 cores (docs/benchmarks.md, "Many threads on few cores"). Shards larger than half of
+    this machine's ``memory`` are read from the disk, where a thread waiting for a page leaves its
+    core to another: there every thread runs, as many reads in flight as threads.
+    """
+    cores = usable_cores() if cores is None else cores
+    if num_threads <= cores:
+        return num_threads
+    memory = physical_memory() if memory is None else memory
+    if memory > 0 and data_bytes > memory // 2:
+        return num_threads
+    return cores
+
+
+def shard_bytes(datasets: list[ShardDataset]) -> int:
+    """Return the bytes of the shard files of ``datasets``, as their manifests give them."""
+    return sum(info.bytes for ds in datasets for info in ds.manifest.shards)
+
+
+def physical_memory() -> int:
+    """Return this machine's physical memory in bytes (0 where the OS does not say)."""
+    try:
+        return max(0, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 def usable_cores() -> int:
