@@ -1,11 +1,13 @@
 """A cold epoch streamed from object storage against the GET floor of the same bytes (issue 44).
 
 ``shuffle_window`` is the mode that streams: batches are served while later shards download. Per dataset
-(small records and tiles, raw, re-sharded into shards of about 64 MB as a bucket dataset would be), side by
-side in each round on one moto server (a process of its own on 127.0.0.1):
+(small records, 50,000 and 200,000 of them, and tiles, raw, re-sharded into shards of about 64 MB as a
+bucket dataset would be), side by side in each round on one moto server (a process of its own on 127.0.0.1):
 ``get-floor``: every shard object fetched once by obstore with 8 concurrent GETs into memory;
 ``cache-write-floor``: the same bytes, held in memory, written into new files by 8 threads in aligned 2 MiB
 writes, as the cache writes its downloads (on this VM fresh page-cache pages are slow to touch);
+``get-into-files floor`` (after the epoch, as the cache-write floor): the same GETs streamed into new files,
+hashed on the way, what any loader that caches its downloads must do at least;
 ``cold``: a fresh loader (``shuffle_window`` 1 or 4, or a global shuffle; 2 threads, batch 256) over an
 empty cache, from its construction to the end of one epoch, and the time to its first batch;
 ``warm``: the same loader's next epoch, every shard now in the cache.
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BATCH, DATASETS, SEED
-from datasets import QUICK, ensure
+from datasets import QUICK, BenchDataset, ensure
 from measure import EpochResult, MemorySampler, cpu_seconds, extra_info
 
 import fastload
@@ -42,6 +44,14 @@ from s3_server import moto_process  # noqa: E402  (after the skips: it imports b
 BUCKET = "fastload-bench-stream"
 SHARD_BYTES = 64 << 20
 STREAMED = [ds for ds in DATASETS if ds.name in ("small-raw", "tiles-raw")]
+if not QUICK:  # the small records four times over (12 shards, 600 MB): what is fixed per epoch, spread thinner
+    STREAMED.append(BenchDataset("small", (3, 32, 32), "uint8", 200_000, "raw"))
+
+
+def key(ds: BenchDataset) -> str:
+    """Return the dataset's name with its sample count (two datasets of one kind differ by it)."""
+    return f"{ds.name}-{ds.count}"
+
 ROUNDS = 1 if QUICK else 11  # short rounds (0.5 to 2 s): enough of them for a median this VM does not move
 GETS = 8  # concurrent requests of the floor: the loader's download threads
 CONCURRENCY: list[dict] = []  # per cold epoch: the downloads at once it ended with, and the rates measured
@@ -68,8 +78,8 @@ def s3():
             local = sharded_copy(ds)
             for path in sorted(local.iterdir()):
                 if path.is_file() and not path.name.startswith("."):
-                    client.upload_file(str(path), BUCKET, f"{ds.name}/{path.name}")
-            urls[ds.name] = f"s3://{BUCKET}/{ds.name}"
+                    client.upload_file(str(path), BUCKET, f"{key(ds)}/{path.name}")
+            urls[key(ds)] = f"s3://{BUCKET}/{key(ds)}"
         yield options, urls
 
 
@@ -82,6 +92,37 @@ def get_floor(options: dict, url: str, names: list[str]) -> float:
     start = time.perf_counter()
     with ThreadPoolExecutor(GETS) as pool:
         list(pool.map(lambda name: len(obstore.get(store, name).bytes()), names))
+    return time.perf_counter() - start
+
+
+def get_into_files_floor(options: dict, url: str, names: list[str], target: Path) -> float:
+    """Seconds to fetch every shard object once into new files of ``target``, hashed on the way, ``GETS`` at a time.
+
+    What any loader that caches its downloads must do at least: the GET floor plus the cache's writes.
+    """
+    import xxhash
+    from obstore.store import from_url
+
+    from fastload.format._page_cache import write_aligned
+
+    config = {k: v for k, v in options.items() if k != "allow_http"}
+    store = from_url(url, config=config, client_options={"allow_http": True})
+    target.mkdir()
+
+    def fetch(name: str) -> None:
+        digest = xxhash.xxh3_128()
+
+        def chunks():
+            for chunk in obstore.get(store, name).stream(min_chunk_size=8 << 20):
+                digest.update(chunk)
+                yield memoryview(chunk)
+
+        with open(target / name, "wb", buffering=0) as f:
+            write_aligned(f, chunks())
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(GETS) as pool:
+        list(pool.map(fetch, names))
     return time.perf_counter() - start
 
 
@@ -135,13 +176,14 @@ def spread(values: list[float]) -> str:
 
 
 @pytest.mark.parametrize("window", [1, 4, None], ids=lambda w: "global" if w is None else f"window{w}")
-@pytest.mark.parametrize("ds", STREAMED, ids=lambda d: d.name)
+@pytest.mark.parametrize("ds", STREAMED, ids=key)
 def test_cold_streamed_epoch_against_the_get_floor(benchmark, s3, ds, window):
     options, urls = s3
     local = sharded_copy(ds)
     names = sorted(p.name for p in local.iterdir() if p.suffix == ".lmdb")
     size = sum((local / n).stat().st_size for n in names)
     floors, writes, epochs, firsts, warms, ratios = [], [], [], [], [], []
+    file_floors, file_ratios = [], []
     held = [(n, (local / n).read_bytes()) for n in names]
     result = EpochResult(samples=ds.count)
     CONCURRENCY.clear()
@@ -149,10 +191,12 @@ def test_cold_streamed_epoch_against_the_get_floor(benchmark, s3, ds, window):
         rounds = iter(range(1000))
 
         def one_round() -> None:
-            floor = get_floor(options, urls[ds.name], names)
+            floor = get_floor(options, urls[key(ds)], names)
             cache, written = Path(tmp) / f"cache-{next(rounds)}", Path(tmp) / f"write-{next(rounds)}"
-            seconds, first, warm = cold_epoch(options, urls[ds.name], cache, window, result)
+            seconds, first, warm = cold_epoch(options, urls[key(ds)], cache, window, result)
             writes.append(write_floor(held, written))  # after the epoch: its dirty pages not in the epoch's way
+            shutil.rmtree(written)
+            file_floor = get_into_files_floor(options, urls[key(ds)], names, written)
             # Deleted, so that each round's writes reuse memory as the GET floor's buffers do: on this VM memory
             # the guest has not touched for a while is slow to touch (the host backs it lazily), and rounds
             # that kept their caches ran their cold epochs at half the speed (docs/benchmarks.md).
@@ -164,18 +208,22 @@ def test_cold_streamed_epoch_against_the_get_floor(benchmark, s3, ds, window):
             warms.append(warm)
             # A global shuffle's first batch needs every shard: its bound is the floor and then one warm epoch.
             ratios.append((floor if window else floor + warm) / seconds)
+            file_floors.append(file_floor)
+            file_ratios.append((file_floor if window else file_floor + warm) / seconds)
 
-        benchmark.group = f"remote-stream-{ds.name}"
+        benchmark.group = f"remote-stream-{key(ds)}"
         with MemorySampler() as memory:
             benchmark.pedantic(one_round, rounds=ROUNDS, warmup_rounds=0)
     benchmark.extra_info.update(extra_info(result, ds.sample_bytes, None, memory))
     benchmark.extra_info.update({
         "shards": len(names), "shard_mb": size / len(names) / 2**20, "shuffle_window": window,
         "get_floor_s": floors, "cache_write_floor_s": writes, "cold_epoch_s": epochs, "first_batch_s": firsts,
-        "warm_epoch_s": warms, "floor_over_epoch": ratios, "floor_over_epoch_median": statistics.median(ratios),
+        "warm_epoch_s": warms, "get_into_files_floor_s": file_floors, "files_floor_over_epoch": file_ratios,
+        "floor_over_epoch": ratios, "floor_over_epoch_median": statistics.median(ratios),
         "first_batch_median_s": statistics.median(firsts), "downloads_at_once": list(CONCURRENCY)})
-    print(f"\n{ds.name}, {len(names)} shards of {size / len(names) / 2**20:.0f} MB, shuffle_window={window}: "
+    print(f"\n{key(ds)}, {len(names)} shards of {size / len(names) / 2**20:.0f} MB, shuffle_window={window}: "
           f"GET floor {spread(floors)} s, cache-write floor {spread(writes)} s, cold epoch {spread(epochs)} s, "
           f"first batch {spread(firsts)} s, warm epoch {spread(warms)} s, "
-          f"{'floor' if window else '(floor + warm)'}/epoch {spread(ratios)}; downloads at once (MB/s): "
+          f"{'floor' if window else '(floor + warm)'}/epoch {spread(ratios)}; GET-into-files floor "
+          f"{spread(file_floors)} s, its ratio {spread(file_ratios)}; downloads at once (MB/s): "
           f"{[c['mb_s'] for c in CONCURRENCY]}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,49 @@ def test_a_manifest_or_splits_file_larger_than_its_kind_may_be_is_refused(tiles,
     with pytest.raises(RemoteError, match=r"big-splits/splits\.json: 1000 bytes, more than the 999"):
         fastload.ShardDataset(f"s3://{BUCKET}/big-splits", storage_options=options, cache_dir=tmp_path / "c")
     assert not (tmp_path / "c").exists() or not list((tmp_path / "c").rglob("manifest.json"))
+
+
+def test_a_manifest_body_longer_than_its_header_said_is_given_up_at_the_limit(tmp_path, monkeypatch):
+    """A server announcing 100 bytes and sending 64 MiB (chunked): the read stops past the limit, not at the end."""
+    sent = []
+
+    class Lying(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:  # quiet
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if not self.path.endswith("manifest.json"):
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            block = b"x" * (1 << 20)
+            try:
+                for _ in range(64):
+                    self.wfile.write(b"%x\r\n" % len(block) + block + b"\r\n")
+                    sent.append(len(block))
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:  # the client gave up
+                pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Lying)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setattr("fastload.storage._remote.MAX_MANIFEST_BYTES", 1 << 20)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/ds"
+        with pytest.raises(RemoteError, match=r"manifest\.json: more than 1048576 bytes \(the answer said 100\)"):
+            fastload.ShardDataset(url, storage_options={"allow_http": True}, cache_dir=tmp_path / "c")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sum(sent) < 32 << 20, sum(sent)  # read stopped near the limit (socket buffers hold a few MiB more)
 
 
 def test_a_refused_permission_is_not_retried(tiles, proxy, tmp_path):  # noqa: F811

@@ -420,6 +420,7 @@ py::dict stats_dict(const ReaderStats& s) {
   d["wait_s"] = static_cast<double>(s.wait_ns) * 1e-9;
   d["transform_s"] = static_cast<double>(s.transform_ns) * 1e-9;
   d["peak_running"] = s.peak_running;
+  d["disk_chunks"] = s.disk_chunks;
   return d;
 }
 
@@ -504,6 +505,10 @@ void register_reader(py::module_& m) {
       "set_read_delay", [](PyBatchReader& r, uint32_t delay_us) { r.reader().set_read_delay_for_tests(delay_us); },
       py::arg("reader"), py::arg("delay_us"),
       "Make every worker of `reader` sleep `delay_us` before each record read (lifecycle tests).");
+  testing.def(
+      "set_disk_reads", [](PyBatchReader& r, bool on) { r.reader().set_disk_reads_for_tests(on); },
+      py::arg("reader"), py::arg("on"),
+      "Make `reader` take every slow chunk for one that waited for the disk (its turns tests).");
 }
 
 }  // namespace fastload::bindings

@@ -6,6 +6,7 @@
 //     and type checks, the mapping);
 //   - name_this_thread: names the calling thread for debuggers and profilers;
 //   - physical_memory_bytes: the machine's RAM, the bound a batch slot must fit;
+//   - thread_disk_faults: the calling thread's page faults that waited for a read from disk;
 //   - advise_huge_pages: huge pages for batch buffers, where the system has them;
 //   - prefault_for_writing: a fresh buffer's pages faulted in ahead of its first use;
 //   - map_cached_pages: page-table entries for the pages of a file mapping that
@@ -20,6 +21,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #if !defined(__GNUC__) && !defined(__clang__) && defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
@@ -43,6 +46,11 @@ inline void prefetch_for_read(const void* p) noexcept {
 // The machine's physical memory in bytes, or SIZE_MAX where the system does
 // not say. Never throws.
 size_t physical_memory_bytes() noexcept;
+
+// How many of the calling thread's page faults so far had to wait for a read from disk (its major
+// faults: a mapped page the page cache did not hold), or nullopt where the system does not count
+// them per thread (Linux: getrusage RUSAGE_THREAD; elsewhere nullopt). Never throws.
+std::optional<uint64_t> thread_disk_faults() noexcept;
 
 // Asks the system to back the memory [data, data + size) with huge pages
 // where it can (Linux: madvise MADV_HUGEPAGE; elsewhere nothing), so that its

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -154,6 +155,16 @@ size_t physical_memory_bytes() noexcept {
   size_t total = 0;
   if (__builtin_mul_overflow(static_cast<size_t>(pages), static_cast<size_t>(page), &total)) return SIZE_MAX;
   return total;
+}
+
+std::optional<uint64_t> thread_disk_faults() noexcept {
+#if defined(__linux__) && defined(RUSAGE_THREAD)
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_THREAD, &usage) != 0 || usage.ru_majflt < 0) return std::nullopt;
+  return static_cast<uint64_t>(usage.ru_majflt);
+#else
+  return std::nullopt;  // macOS and the BSDs count them per process only
+#endif
 }
 
 void advise_huge_pages(void* data, size_t size) noexcept {

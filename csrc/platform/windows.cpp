@@ -97,6 +97,10 @@ size_t physical_memory_bytes() noexcept {
   return static_cast<size_t>(status.ullTotalPhys);
 }
 
+std::optional<uint64_t> thread_disk_faults() noexcept {
+  return std::nullopt;  // Windows counts page faults per process, soft ones included
+}
+
 void advise_huge_pages(void* data, size_t size) noexcept {
   // Large pages on Windows need a privilege and an allocation of their own (VirtualAlloc with
   // MEM_LARGE_PAGES): buffers handed in by Python stay as they are.

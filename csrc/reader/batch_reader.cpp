@@ -334,7 +334,8 @@ void BatchReader::wake_locked() {
     chunks += job->num_chunks - std::min(job->num_chunks, job->next_chunk.load(std::memory_order_relaxed));
     if (chunks >= idle_.size()) break;
   }
-  const size_t turns = max_running_ - std::min(max_running_, running_);
+  const size_t most = turns_locked();
+  const size_t turns = most - std::min(most, running_);
   const size_t wake = std::min({chunks, idle_.size(), turns});
   for (size_t i = 0; i < wake; ++i) {  // the last to go idle first, each with a turn of its own
     const size_t worker = idle_.back();
@@ -569,6 +570,43 @@ void BatchReader::take_turn_locked() {
   peak_running_ = std::max(peak_running_, running_);
 }
 
+namespace {
+
+int64_t steady_ns(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// A chunk at least this slow is checked for reads from disk: a major fault takes tens of microseconds
+// (60 on this project's VM, more on a real disk or a network file system); most chunks of data in
+// memory take less, so the system call is rare there.
+constexpr auto kSlowChunk = std::chrono::microseconds(50);
+constexpr int64_t kDiskHoldNs = 1'000'000'000;  // every worker runs this long after the last read seen
+
+}  // namespace
+
+size_t BatchReader::turns_locked() const {
+  if (max_running_ >= workers_.size()) return max_running_;
+  const int64_t until = disk_until_ns_.load(std::memory_order_relaxed);
+  return until != 0 && steady_ns(std::chrono::steady_clock::now()) < until ? workers_.size() : max_running_;
+}
+
+void BatchReader::note_disk_reads(std::chrono::steady_clock::time_point start, uint64_t& seen) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - start < kSlowChunk) return;
+  const std::optional<uint64_t> faults = thread_disk_faults();
+  if (disk_reads_for_tests_.load(std::memory_order_relaxed)) {
+    ++seen;
+  } else {
+    if (!faults || *faults == seen) return;
+    seen = *faults;
+  }
+  disk_chunks_.fetch_add(1, std::memory_order_relaxed);
+  const int64_t until = steady_ns(now) + kDiskHoldNs;
+  if (disk_until_ns_.exchange(until) > steady_ns(now)) return;  // already running every worker
+  std::lock_guard<std::mutex> lock(mutex_);
+  wake_locked();  // more turns now: idle workers for the queued chunks
+}
+
 void BatchReader::worker_main(size_t index) {
   RecordDecoder decoder(fields_, decoder_options_);
   Scratch scratch;
@@ -582,6 +620,9 @@ void BatchReader::worker_main(size_t index) {
   }
   std::shared_ptr<Job> job;
   bool turn = false;  // this worker holds one of the max_running_ turns
+  // Reads from disk are looked for only where turns limit the workers, and where the system counts them.
+  std::optional<uint64_t> disk_faults;
+  if (max_running_ < workers_.size()) disk_faults = thread_disk_faults().value_or(0);
   for (;;) {
     if (!job) {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -593,7 +634,7 @@ void BatchReader::worker_main(size_t index) {
           --running_;
           turn = false;
         }
-        if (!work_.empty() && running_ < max_running_) {  // work, and a turn free: no need to sleep
+        if (!work_.empty() && running_ < turns_locked()) {  // work, and a turn free: no need to sleep
           take_turn_locked();
           turn = true;
           continue;
@@ -619,11 +660,13 @@ void BatchReader::worker_main(size_t index) {
       continue;
     }
     std::exception_ptr error;
+    const auto chunk_start = std::chrono::steady_clock::now();
     try {
       run_chunk(*job, chunk, decoder, scratch);
     } catch (...) {
       error = std::current_exception();
     }
+    if (disk_faults) note_disk_reads(chunk_start, *disk_faults);
     if (error) {
       std::lock_guard<std::mutex> lock(mutex_);
       const size_t position = chunk * chunk_size_;
@@ -727,6 +770,7 @@ ReaderStats BatchReader::stats() const {
   s.decode_ns = decode_ns_.load();
   s.decompress_ns = decompress_ns_.load();
   s.wait_ns = wait_ns_.load();
+  s.disk_chunks = disk_chunks_.load();
   s.transform_ns = transform_ns_.load();
   std::lock_guard<std::mutex> lock(mutex_);
   s.peak_running = peak_running_;
@@ -735,7 +779,7 @@ ReaderStats BatchReader::stats() const {
 
 void BatchReader::reset_stats() {
   for (auto* c : {&batches_, &samples_, &bytes_read_, &bytes_decoded_, &read_ns_, &decode_ns_, &decompress_ns_,
-                  &wait_ns_, &transform_ns_}) {
+                  &wait_ns_, &transform_ns_, &disk_chunks_}) {
     c->store(0);
   }
   std::lock_guard<std::mutex> lock(mutex_);

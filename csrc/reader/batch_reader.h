@@ -64,7 +64,9 @@ struct ReaderOptions {
   size_t num_threads = 1;
   // How many workers decode at once (0: num_threads). The others wait for a turn, taken when a worker
   // has no work left: threads beyond the cores that run them only take turns with the ones running
-  // (the policy decides: fastload/loading/_native_backend.py).
+  // (the policy decides: fastload/loading/_specs.py running_threads). While workers wait for reads
+  // from disk (a slow chunk whose thread had major page faults, where the system counts them per
+  // thread), every worker runs, until a second passes with none: reads in flight, one per thread.
   size_t max_running = 0;
   bool verify_checksums = true;
   std::vector<bool> decode_field;  // per field; empty means every field
@@ -96,7 +98,9 @@ struct ReaderStats {
   uint64_t decompress_ns = 0;  // the part of decode_ns spent inside zstd
   uint64_t transform_ns = 0;   // in transform kernels, summed over workers
   uint64_t wait_ns = 0;        // the consumer blocked in wait_next
-  uint64_t peak_running = 0;   // the most workers that held a turn at once (at most max_running())
+  uint64_t peak_running = 0;   // the most workers that held a turn at once (max_running(), or all of them
+                               // while reads from disk are seen)
+  uint64_t disk_chunks = 0;    // chunks whose worker waited for a read from disk (seen with max_running only)
 };
 
 class BatchReader {
@@ -200,6 +204,9 @@ class BatchReader {
   // catch a pass with batches in flight. Reached from Python only through
   // fastload._native._testing (tests/seams.py). Any thread.
   void set_read_delay_for_tests(uint32_t delay_us) noexcept { read_delay_us_.store(delay_us); }
+  // Test seam, not product API: every slow chunk counts as one that waited for the disk (a real
+  // wait needs pages out of the page cache, which a test cannot arrange under a mapping). Any thread.
+  void set_disk_reads_for_tests(bool on) noexcept { disk_reads_for_tests_.store(on); }
 
  private:
   struct Job;
@@ -227,6 +234,7 @@ class BatchReader {
   std::vector<bool> decode_;
   std::vector<size_t> offsets_;
   std::atomic<uint32_t> read_delay_us_{0};  // set_read_delay_for_tests
+  std::atomic<bool> disk_reads_for_tests_{false};  // set_disk_reads_for_tests
   size_t slot_bytes_ = 0;
   size_t chunk_size_ = 1;
   bool verify_;
@@ -256,11 +264,17 @@ class BatchReader {
   size_t running_ = 0;      // workers holding a turn: from taking work (or a wake) to finding none (mutex_)
   size_t peak_running_ = 0;  // the most running_ was since reset_stats() (mutex_)
   void take_turn_locked();   // ++running_, and peak_running_ with it
+  size_t turns_locked() const;  // max_running_, or every worker while reads from disk are seen
+  // After a chunk that began at `start`: when it was slow and the worker's major faults grew past
+  // `seen`, every worker may run for the next second (and idle ones are woken for queued work).
+  void note_disk_reads(std::chrono::steady_clock::time_point start, uint64_t& seen);
+  std::atomic<int64_t> disk_until_ns_{0};  // steady-clock ns until which every worker may run
   std::atomic<bool> stop_flag_{false};  // stop_, readable without the lock between chunks
   std::vector<std::thread> workers_;
 
   std::atomic<uint64_t> batches_{0}, samples_{0}, bytes_read_{0}, bytes_decoded_{0};
   std::atomic<uint64_t> read_ns_{0}, decode_ns_{0}, decompress_ns_{0}, wait_ns_{0}, transform_ns_{0};
+  std::atomic<uint64_t> disk_chunks_{0};
 };
 
 }  // namespace fastload

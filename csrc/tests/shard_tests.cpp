@@ -14,6 +14,7 @@
 // Usage: shard_tests DIR, where DIR holds dataset/, order.txt, codecs/ and
 // codecs-photo.bin.
 #ifdef __linux__
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #endif
@@ -45,8 +46,8 @@
 #endif
 #include <windows.h>
 
-#include "platform/platform.h"
 #endif
+#include "platform/platform.h"
 
 using namespace fastload;
 namespace fs = std::filesystem;
@@ -149,6 +150,40 @@ uint64_t count_good_samples(const ShardSet& shards) {
 
 // Every sample read by `threads` threads in the epoch order of `order`, checked value by value; at most
 // `max_running` of them (0: all) decoding at once, each record read `delay_us` late.
+#ifdef __linux__
+// thread_disk_faults counts the calling thread's page faults that read from disk: a file written, synced and
+// dropped from the page cache, then read through a mapping, page by page.
+void test_thread_disk_faults(const fs::path& scratch) {
+  const fs::path path = scratch / "cold.bin";
+  const size_t size = 4u << 20;
+  {
+    std::ofstream out(path, std::ios::binary);
+    const std::vector<char> bytes(size, 7);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  CHECK(::fsync(fd) == 0);
+  CHECK(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  CHECK(map != MAP_FAILED);
+  if (map != MAP_FAILED) {
+    CHECK(::madvise(map, size, MADV_RANDOM) == 0);  // no read-ahead: one read per page touched
+    const std::optional<uint64_t> before = thread_disk_faults();
+    CHECK(before.has_value());
+    uint64_t sum = 0;
+    for (size_t off = 0; off < size; off += 4096) sum += static_cast<const volatile uint8_t*>(map)[off];
+    const std::optional<uint64_t> after = thread_disk_faults();
+    CHECK(sum == 7u * (size / 4096));
+    CHECK(after.has_value() && before.has_value() && *after > *before);
+    ::munmap(map, size);
+  }
+  ::close(fd);
+  std::thread([] { CHECK(thread_disk_faults().value_or(1) == 0); }).join();  // another thread: its own count
+}
+#endif
+
 void test_threaded_read(const fs::path& dataset, const std::vector<uint64_t>& order, size_t threads = 4,
                         size_t max_running = 0, uint32_t delay_us = 0) {
   auto shards = std::make_shared<const ShardSet>(shard_paths(dataset), shard_counts(), packed());
@@ -1142,6 +1177,9 @@ int main(int argc, char** argv) {
     test_shrunk_while_mapped(dataset, scratch);
 #endif
     test_file_system(dataset, scratch);
+#ifdef __linux__
+    test_thread_disk_faults(scratch);
+#endif
     test_codecs(dir);
 #ifdef _WIN32
     test_windows_paths(dataset);

@@ -35,7 +35,7 @@ from ._remote_shards import (
 )
 from ._sampler import EpochBatchSampler, EpochSampler
 from ._sampling_setup import WithSource, dataset_fingerprint
-from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec, shard_bytes, usable_cores
+from ._specs import Auto, DeviceSpec, DistributionSpec, OrderSpec, ReadSpec, SourceSpec, usable_cores
 from ._state import MAX_EPOCH, check_state, make_state
 from ._torch_backend import OrderBatchSampler, make_dataloader, relay_notices, workers_for_platform
 from ._warm_up import WarmUp, start_warm_up
@@ -180,7 +180,7 @@ class ShardLoader:
         placement = DeviceSpec.build(device, pin_memory)
         reading = ReadSpec.build(backend, num_threads, prefetch, num_workers, prefetch_factor, persistent_workers,
                                  multiprocessing_context, order.batch_size * source.sample_bytes,
-                                 placement.pin_memory, data_bytes=shard_bytes(parts_of(source.dataset)))
+                                 placement.pin_memory)
         self.dataset: ShardDataset | ConcatShardDataset = source.dataset
         self.batch_size, self.shuffle, self.seed, self.drop_last = (order.batch_size, order.shuffle, order.seed,
                                                                     order.drop_last)
@@ -566,7 +566,7 @@ class ShardLoader:
         wall_s, wait_share, and for the native backend bytes_read,
         bytes_decoded, read_s, decompress_s, copy_s (summed over threads),
         peak_running (the most threads that decoded at once: beyond the cores they take turns,
-        docs/loading.md),
+        docs/loading.md), disk_chunks (chunks whose thread waited for the disk: every thread runs then),
         ready_batches, prefaulted_bytes and prefault_s (fresh batch buffers the
         consumer's thread faulted in while it waited, a first epoch's, and the
         time that took, counted in wait_s too); after a warm-up (``warm_up=True``)

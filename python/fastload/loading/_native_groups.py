@@ -10,6 +10,7 @@ batch, not pooled) is the price of mixing layouts; the order is the same.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -80,9 +81,13 @@ class GroupedNativeEpoch:
         for group, shard_set in enumerate(shard_sets):
             if isinstance(shard_set, RemoteShardSet) and sub[group]:  # fetch in the order the batches read
                 shard_set.want(np.concatenate(sub[group]), len(sub[group][0]), [len(x) for x in sub[group]])
+        # The groups' readers share the turns (threads decoding at once): together no more than one reader's.
+        reading = [group for group in range(len(groups)) if sub[group]]
+        shared = settings if not settings.max_running else dataclasses.replace(
+            settings, max_running=max(1, settings.max_running // max(1, len(reading))))
         self._epochs: list[NativeEpoch | None] = [
             NativeEpoch(shard_sets[group], concat.datasets[groups[group][0]], len(sub[group]), batch_size,
-                        sub[group].__getitem__, settings, fingerprints=_fingerprints(concat, groups[group]))
+                        sub[group].__getitem__, shared, fingerprints=_fingerprints(concat, groups[group]))
             if sub[group] else None
             for group in range(len(groups))]
         self._delivered = 0
@@ -111,7 +116,7 @@ class GroupedNativeEpoch:
         return {name: torch.from_numpy(array) for name, array in out.items()}
 
     def stats(self) -> dict[str, Any]:
-        """Return the counters of the groups' readers, summed (max for wall time)."""
+        """Return the counters of the groups' readers, summed (max for wall time; peak_running: a sum of peaks)."""
         total: dict[str, Any] = {}
         for epoch in self._epochs:
             if epoch is None:

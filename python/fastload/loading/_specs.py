@@ -22,6 +22,7 @@ object of their own.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,15 +185,11 @@ class ReadSpec:
     @classmethod
     def build(cls, backend: str, num_threads: Union[int, Auto], prefetch: Union[int, Auto],
               num_workers: Union[int, Auto], prefetch_factor: int | None, persistent_workers: bool,
-              multiprocessing_context: str | None, batch_bytes: int, pin_memory: bool,
-              data_bytes: int = 0) -> ReadSpec:
-        """Check the reading parameters and resolve the ``"auto"`` ones for batches of ``batch_bytes``.
-
-        ``data_bytes``: the shard files' size, which decides how many threads run at once (``running_threads``).
-        """
+              multiprocessing_context: str | None, batch_bytes: int, pin_memory: bool) -> ReadSpec:
+        """Check the reading parameters and resolve the ``"auto"`` ones for batches of ``batch_bytes``."""
         threads = min(os.cpu_count() or 1, 8) if num_threads == "auto" else _positive_int(
             "num_threads", num_threads, MAX_THREADS)
-        running = running_threads(threads, data_bytes)
+        running = running_threads(threads)
         if prefetch == "auto":
             ahead = auto_prefetch(running, batch_bytes, pin_memory)  # batches for the threads that run
         else:
@@ -248,43 +245,51 @@ def auto_prefetch(num_threads: int, batch_bytes: int, pin_memory: bool, cores: i
     return max(prefetch, min(MAX_AUTO_PREFETCH, -(-MIN_PREFETCH_BYTES // batch_bytes)))
 
 
-def running_threads(num_threads: int, data_bytes: int, cores: int | None = None, memory: int | None = None) -> int:
+def running_threads(num_threads: int, cores: int | None = None, platform: str | None = None) -> int:
     """Return how many of the native reader's ``num_threads`` decode at once; the others wait for a turn.
 
     Reading shards held in memory (the page cache) is CPU work: threads beyond the ``cores`` this
     process may run on only take the cores from one another, and needed a window of batches several
     times deeper to stay busy, which no longer fits the CPU's cache. So at most ``cores`` of them run,
     the threads that went idle last first (csrc/reader/batch_reader.h): 8 or 16 threads read as fast
-    as 2 on 2 cores (docs/benchmarks.md, "Many threads on few cores"). Shards larger than half of
-    this machine's ``memory`` are read from the disk, where a thread waiting for a page leaves its
-    core to another: there every thread runs, as many reads in flight as threads.
+    as 2 on 2 cores (docs/benchmarks.md, "Many threads on few cores"). Shards read from disk (a page
+    cache that does not hold them, a network file system) are another matter: a thread waiting for a
+    page leaves its core to another. The reader sees those waits (its threads' major page faults) and
+    then lets every thread run, as many reads in flight as threads, until a second passes without
+    one. It can see them on Linux only (``platform``, default ``sys.platform``): elsewhere every
+    thread runs, as before.
     """
     cores = usable_cores() if cores is None else cores
-    if num_threads <= cores:
-        return num_threads
-    memory = physical_memory() if memory is None else memory
-    if memory > 0 and data_bytes > memory // 2:
+    platform = sys.platform if platform is None else platform
+    if num_threads <= cores or not platform.startswith("linux"):
         return num_threads
     return cores
 
 
-def shard_bytes(datasets: list[ShardDataset]) -> int:
-    """Return the bytes of the shard files of ``datasets``, as their manifests give them."""
-    return sum(info.bytes for ds in datasets for info in ds.manifest.shards)
-
-
-def physical_memory() -> int:
-    """Return this machine's physical memory in bytes (0 where the OS does not say)."""
-    try:
-        return max(0, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return 0
-
-
 def usable_cores() -> int:
-    """Return how many CPUs this process may run on (its affinity where the OS has one)."""
+    """Return how many CPUs this process may run on: its affinity where the OS has one, within its cgroup's CPU quota.
+
+    A container started with ``docker run --cpus=2`` on a 64-core machine sees 64 CPUs in its affinity
+    and may use 2 (cgroup v2 ``cpu.max``).
+    """
     affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, quota)) if quota is not None else cores
+
+
+def cgroup_cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """Return the CPUs this process's cgroup v2 quota allows, rounded up; None: no quota, or none to read."""
+    try:
+        with open(proc_cgroup, encoding="utf-8") as f:
+            group = next((line[3:] for line in f.read().splitlines() if line.startswith("0::")), None)
+        if group is None:
+            return None
+        fields = Path(root, group.strip().lstrip("/"), "cpu.max").read_text(encoding="utf-8").split()
+        quota, period = int(fields[0]), int(fields[1])  # "max 100000" (no quota) raises ValueError
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    return -(-quota // period) if quota > 0 and period > 0 else None
 
 
 def resolve_pin_memory(pin_memory: bool | str, device: torch.device | None) -> bool:

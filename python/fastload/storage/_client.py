@@ -274,9 +274,11 @@ class RemoteRoot:
             raise kind(f"{where}: {what} failed: {reason}") from None
 
     def read_bytes(self, relpath: str, limit: int) -> bytes:
-        """Return the whole object ``relpath``; refuse one larger than ``limit`` bytes before reading its body.
+        """Return the whole object ``relpath``; refuse one larger than ``limit`` bytes, holding no more of it.
 
-        One request: the size is the GET's own response header, checked before the body is read.
+        One request: the size the answer's header gives is checked before the body is read, and the
+        body is read in pieces, given up as soon as it runs past ``limit`` (a server may send a longer
+        body than its header said, e.g. chunked with a ``Content-Length``).
         """
         obstore = _obstore()
 
@@ -286,12 +288,14 @@ class RemoteRoot:
             if size > limit:
                 raise RemoteError(f"{self.url_of(relpath)}: {size} bytes, more than the {limit} a file of its kind "
                                   f"may have")
-            return bytes(result.bytes())
+            data = bytearray()
+            for chunk in result.stream(min_chunk_size=1 << 20):
+                data += memoryview(chunk)
+                if len(data) > limit:
+                    raise RemoteError(f"{self.url_of(relpath)}: more than {limit} bytes (the answer said {size})")
+            return bytes(data)
 
-        data = self.call(relpath, "GET", get)
-        if len(data) > limit:
-            raise RemoteError(f"{self.url_of(relpath)}: {len(data)} bytes, more than {limit}")
-        return data
+        return self.call(relpath, "GET", get)
 
     def exists(self, relpath: str) -> bool:
         """Return whether the object ``relpath`` exists (other failures raise)."""
