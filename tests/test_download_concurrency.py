@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+from moto_s3 import moto_s3
 
 from fastload.storage._concurrency import DownloadConcurrency
 
@@ -130,29 +131,18 @@ def test_rates_that_vary_by_a_third_from_chunk_to_chunk_lead_to_the_same_limits(
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory):  # its tests are in the slow tier (docs/testing.md): they start moto's server
     """(storage_options, URL, local path) of a 6-shard dataset in a moto server started here."""
-    moto_server = pytest.importorskip("moto.server", reason="the S3 test server (moto[server]) is not installed")
-    boto3 = pytest.importorskip("boto3")
     pytest.importorskip("obstore", reason="fastload[remote] (obstore) is not installed")
     import numpy as np
 
     import fastload
 
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="tester", aws_secret_access_key="s",
-                          region_name="us-east-1")
-    client.create_bucket(Bucket="conc")
-    local = tmp_path_factory.mktemp("conc") / "ds"
-    fastload.write_arrays(local, {"x": np.arange(6 * 40 * 64, dtype=np.uint8).reshape(240, 64),
-                                  "label": np.arange(240)}, samples_per_shard=40)
-    for path in sorted(local.iterdir()):
-        client.upload_file(str(path), "conc", f"ds/{path.name}")
-    options = {"endpoint": endpoint, "access_key_id": "tester", "secret_access_key": "s", "region": "us-east-1",
-               "allow_http": True, "max_retries": 1, "retry_timeout_s": 5}
-    yield options, "s3://conc/ds", local
-    server.stop()
+    with moto_s3("conc") as (_, client, options):
+        local = tmp_path_factory.mktemp("conc") / "ds"
+        fastload.write_arrays(local, {"x": np.arange(6 * 40 * 64, dtype=np.uint8).reshape(240, 64),
+                                      "label": np.arange(240)}, samples_per_shard=40)
+        for path in sorted(local.iterdir()):
+            client.upload_file(str(path), "conc", f"ds/{path.name}")
+        yield options, "s3://conc/ds", local
 
 
 def open_fetcher(options: dict, url: str, cache, concurrency: DownloadConcurrency, endpoint: str | None = None):

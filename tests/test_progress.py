@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
+from moto_s3 import moto_s3
 
 import fastload
 from fastload._progress import Progress, lines_to_stderr
@@ -373,18 +374,9 @@ def test_a_library_call_prints_no_line_and_logs_its_progress(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def s3():
     """A moto S3 server on 127.0.0.1 (as tests/test_remote.py starts it): storage_options for its bucket."""
-    moto_server = pytest.importorskip("moto.server", reason="the S3 test server (moto[server]) is not installed")
-    boto3 = pytest.importorskip("boto3")
     pytest.importorskip("obstore", reason="fastload[remote] (obstore) is not installed")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="tester", aws_secret_access_key=SECRET,
-                 region_name="us-east-1").create_bucket(Bucket="progress")
-    yield {"endpoint": endpoint, "access_key_id": "tester", "secret_access_key": SECRET, "region": "us-east-1",
-           "allow_http": True, "max_retries": 1, "retry_timeout_s": 5}
-    server.stop()
+    with moto_s3("progress", secret=SECRET) as (_, _, options):
+        yield options
 
 
 SECRET = "SECRET-do-not-show-45"

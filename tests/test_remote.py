@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from moto_s3 import moto_s3, s3_options, start_moto
 
 import fastload
 from fastload.errors import ArgumentError, RemoteError, RemoteNotFoundError
@@ -41,17 +42,8 @@ BUCKET = "fastload-tests"
 @pytest.fixture(scope="module")
 def s3():
     """A moto S3 server on 127.0.0.1 (a free port): (endpoint URL, boto3 client, storage_options for it)."""
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="tester", aws_secret_access_key=SECRET,
-                          region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
-    options = {"endpoint": endpoint, "access_key_id": "tester", "secret_access_key": SECRET, "region": "us-east-1",
-               "allow_http": True, "max_retries": 1, "retry_timeout_s": 5}
-    yield endpoint, client, options
-    server.stop()
+    with moto_s3(BUCKET, secret=SECRET) as server:
+        yield server
 
 
 def upload(client, local: Path, prefix: str) -> str:
@@ -249,20 +241,13 @@ def test_processes_share_one_cache(tiles, proxy, tmp_path):
 
 def mortal_server(local: Path, prefix: str):
     """A moto server of this test's own (the test stops it) holding ``local`` at ``prefix``: (server, endpoint, URL)."""
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="t", aws_secret_access_key="s",
-                          region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
+    server, endpoint, client = start_moto(BUCKET, key_id="t")
     return server, endpoint, upload(client, local, prefix)
 
 
 def short_retries(endpoint: str) -> dict:
     """Storage options for ``mortal_server`` at ``endpoint``, with few, short retries (a dead server fails fast)."""
-    return {"endpoint": endpoint, "access_key_id": "t", "secret_access_key": "s", "region": "us-east-1",
-            "allow_http": True, "max_retries": 2, "retry_timeout_s": 3}
+    return s3_options(endpoint, key_id="t", max_retries=2, retry_timeout_s=3)
 
 
 def test_a_dead_server_is_a_typed_error_within_a_bounded_time(tiles, tmp_path):
