@@ -83,12 +83,17 @@ def s3():
         yield options, urls
 
 
-def get_floor(options: dict, url: str, names: list[str]) -> float:
-    """Seconds to fetch every shard object once into memory, ``GETS`` at a time."""
+def floor_store(options: dict, url: str):
+    """Return a plain obstore store at ``url`` (no fastload in the way) for the floors' GETs."""
     from obstore.store import from_url
 
     config = {k: v for k, v in options.items() if k != "allow_http"}
-    store = from_url(url, config=config, client_options={"allow_http": True})
+    return from_url(url, config=config, client_options={"allow_http": True})
+
+
+def get_floor(options: dict, url: str, names: list[str]) -> float:
+    """Seconds to fetch every shard object once into memory, ``GETS`` at a time."""
+    store = floor_store(options, url)
     start = time.perf_counter()
     with ThreadPoolExecutor(GETS) as pool:
         list(pool.map(lambda name: len(obstore.get(store, name).bytes()), names))
@@ -101,12 +106,10 @@ def get_into_files_floor(options: dict, url: str, names: list[str], target: Path
     What any loader that caches its downloads must do at least: the GET floor plus the cache's writes.
     """
     import xxhash
-    from obstore.store import from_url
 
     from fastload.format._page_cache import write_aligned
 
-    config = {k: v for k, v in options.items() if k != "allow_http"}
-    store = from_url(url, config=config, client_options={"allow_http": True})
+    store = floor_store(options, url)
     target.mkdir()
 
     def fetch(name: str) -> None:

@@ -593,10 +593,10 @@ size_t BatchReader::turns_locked() const {
 void BatchReader::note_disk_reads(std::chrono::steady_clock::time_point start, uint64_t& seen) {
   const auto now = std::chrono::steady_clock::now();
   if (now - start < kSlowChunk) return;
-  const std::optional<uint64_t> faults = thread_disk_faults();
   if (disk_reads_for_tests_.load(std::memory_order_relaxed)) {
     ++seen;
   } else {
+    const std::optional<uint64_t> faults = thread_disk_faults();
     if (!faults || *faults == seen) return;
     seen = *faults;
   }

@@ -176,8 +176,8 @@ def verify_dataset(directory: str | os.PathLike, jobs: int = 1, progress: bool =
         scenes = None
     fingerprints = manifest.record_fingerprints()
     total = sum(s.bytes for s in manifest.shards)
-    shown = f"{directory.parent.name}/{directory.name}" if directory.name.startswith(".") else directory.name
-    shown = name if name is not None else shown
+    shown = name if name is not None else (
+        f"{directory.parent.name}/{directory.name}" if directory.name.startswith(".") else directory.name)
     bar = Progress(f"verify {shown}", total, unit="B", enabled=progress, logger="fastload.verify",
                    leave=False)
     completed = False

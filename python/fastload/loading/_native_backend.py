@@ -56,7 +56,7 @@ class NativeSettings:
     # Pooled slots' memory a warm-up before the first pass did not fault in (``_warm_up.py``), the slot needed
     # soonest last: with prefault_while_waiting, the consumer's thread goes on with it.
     unfaulted: Sequence[np.ndarray] = ()
-    # How many threads decode at once (0: all of them); the others wait for a turn (docs/performance.md).
+    # How many threads decode at once (0: all of them); the others wait for a turn (docs/loading.md).
     max_running: int = 0
 
     def allocator(self) -> HostAllocator | None:

@@ -265,7 +265,7 @@ def fetch_all(fetcher: ShardFetcher | ForkedFetcher, progress: bool = False, des
     stop at their next chunk and leave only ``.part`` files).
     """
     sizes = [fetcher.size(i) for i in range(len(fetcher))]
-    here = [i for i in range(len(fetcher)) if fetcher.ready([i])]
+    here = {i for i in range(len(fetcher)) if fetcher.ready([i])}
     try:
         with Progress(desc, sum(sizes), unit="B", initial=sum(sizes[i] for i in here), enabled=progress,
                       logger="fastload.download", leave=False) as bar:
