@@ -58,17 +58,19 @@ def epochs(loader, n: int = 2) -> list:
     return out
 
 
-def test_two_windowed_datasets_share_one_limit_by_their_need(pair, s3, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("backend", [{}, {"backend": "torch", "num_workers": 2}], ids=["native", "torch-workers"])
+def test_two_windowed_datasets_share_one_limit_by_their_need(pair, s3, tmp_path, backend):  # noqa: F811
     """Each dataset is larger than the limit; room for both windows (2 shards each) is all there is.
 
-    Before claims, the first took all the room and the second was refused at once ("leaves 0 bytes")."""
+    Before claims, the first took all the room and the second was refused at once ("leaves 0 bytes").
+    The torch backend's worker processes read within the same claims."""
     (local_a, url_a), (local_b, url_b) = pair
     _, largest = shard_bytes(local_a)
     cache = tmp_path / "cache"
     limit = 2 * (2 * largest + META)
     watch = CacheWatch(cache)
-    a = window_loader(url_a, s3, cache, limit)
-    b = window_loader(url_b, s3, cache, limit)
+    a = window_loader(url_a, s3, cache, limit, **backend)
+    b = window_loader(url_b, s3, cache, limit, **backend)
     assert a.dataset._cached.window is not None and b.dataset._cached.window is not None
     got_a, got_b = [], []
     for epoch in range(2):
