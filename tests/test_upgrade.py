@@ -412,6 +412,43 @@ def test_a_loader_state_from_before_the_upgrade_resumes_after_it(tmp_path, backe
     assert [b["label"].tolist() for b in after] == rest and rest
 
 
+@pytest.mark.parametrize("reader", ["dataset", "native", "torch-workers"])
+def test_a_reader_opened_before_the_upgrade_names_the_change_instead_of_corrupt_shards(tmp_path, reader):
+    """Shards open when first read: a reader opened before the upgrade meets v4 shards under its v3 manifest.
+
+    It refuses them as a dataset changed since it was opened (open it again), not as corrupt shards; a shard
+    it had already opened keeps reading the old file it maps."""
+    ds = write_old(tmp_path / "ds", 3)
+    want = expected(20)
+    if reader == "dataset":
+        opened = fastload.ShardDataset(ds)
+        assert np.array_equal(opened[0]["label"].numpy(), want["label"][0])  # shard 0 open before the upgrade
+    else:
+        options = {"num_threads": 2} if reader == "native" else {"backend": "torch", "num_workers": 2}
+        opened = fastload.ShardLoader(ds, batch_size=4, **options)
+    fastload.upgrade_dataset(ds)
+    with pytest.raises(DatasetError, match=rf"{ds}: the dataset changed after it was opened: its manifest was "
+                                           rf"rewritten .*open the dataset again \(open: .*shard-0000"):
+        if reader == "dataset":
+            assert np.array_equal(opened[1]["label"].numpy(), want["label"][1])  # the old file, still mapped
+            opened[len(opened) - 1]
+        else:
+            list(opened)
+    assert_reads(ds, want)  # opened again: the upgraded dataset reads as before
+
+
+def test_a_dataset_whose_shard_is_damaged_is_still_reported_corrupt_when_its_manifest_is_unchanged(tmp_path):
+    ds = write_old(tmp_path / "ds", 3)
+    opened = fastload.ShardDataset(ds)
+    shard = ds / "shard-00001.lmdb"
+    data = bytearray(shard.read_bytes())
+    data[:8192] = bytes(8192)  # both LMDB meta pages: the file no longer opens
+    shard.write_bytes(bytes(data))
+    with pytest.raises(fastload.errors.CorruptShardError, match="shard-00001") as caught:
+        opened[7]  # shard 1's first record
+    assert "changed after it was opened" not in str(caught.value)
+
+
 def test_upgraded_from_is_checked_like_the_rest_of_the_manifest(tmp_path):
     ds = write_old(tmp_path / "ds", 3)
     fastload.upgrade_dataset(ds)

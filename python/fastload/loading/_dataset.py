@@ -16,7 +16,15 @@ import numpy as np
 import torch
 
 from .._extension import require as native_core
-from ..errors import ArgumentError, CorruptRecordError, CorruptShardError, DatasetError, RemoteError
+from ..errors import (
+    ArgumentError,
+    CorruptRecordError,
+    CorruptShardError,
+    DatasetError,
+    FastloadError,
+    RemoteError,
+    ShardNotFoundError,
+)
 from ..format._manifest import Manifest, load_manifest
 from ..format._record import Field, max_sample_bytes
 from ..format._shard_files import check_shard_files
@@ -177,10 +185,35 @@ class ShardDataset(torch.utils.data.Dataset):
                 self._fetch(shard)
             info = self.manifest.shards[shard]
             fields = [f.native_spec for f in self.manifest.fields]
-            env = self._envs[shard] = native_core().ShardRecords(
-                str(self.path / info.file), info.count, fields, self.verify_checksums,
-                self.manifest.format_version, self._fingerprints[shard], max_sample_bytes())
+            try:
+                env = native_core().ShardRecords(
+                    str(self.path / info.file), info.count, fields, self.verify_checksums,
+                    self.manifest.format_version, self._fingerprints[shard], max_sample_bytes())
+            except (CorruptShardError, CorruptRecordError, ShardNotFoundError) as err:
+                self.raise_if_changed(err)
+                raise
+            self._envs[shard] = env
         return env
+
+    def raise_if_changed(self, err: Exception) -> None:
+        """Raise :class:`DatasetError` when this local dataset's manifest changed since it was opened.
+
+        Shards are opened when first read: a dataset rewritten in place after it was opened (``fastload
+        upgrade``, a conversion writing over it) has shards its manifest does not describe. Their checks
+        then fail (``err``); this names the cause instead of reporting the new shards as corrupt.
+        """
+        if self._cached is not None:  # a remote version's files are the cache's, fixed by their hashes
+            return
+        try:
+            current: Manifest | None = load_manifest(self.path)
+        except FastloadError:
+            current = None
+        if current is not None and current.to_json() == self.manifest.to_json():
+            return
+        now = "is gone or unreadable" if current is None else "was rewritten"
+        raise DatasetError(f"{self.path}: the dataset changed after it was opened: its manifest {now} (by "
+                           f"`fastload upgrade`, or a conversion over it?), and the shards no longer match the "
+                           f"manifest read then; open the dataset again ({err})") from err
 
     def _fetch(self, shard: int) -> None:
         """Have a remote shard in the cache; of a windowed version, held (and the one shard this dataset holds)."""

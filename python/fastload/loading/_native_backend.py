@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .. import _extension
-from ..errors import FastloadError, RemoteError
+from ..errors import CorruptRecordError, CorruptShardError, FastloadError, RemoteError, ShardNotFoundError
 from ..format._record import max_sample_bytes, schema_fingerprint
 from ._augment import Augment
 from ._dataset import ShardDataset
@@ -136,14 +136,19 @@ def open_shards(datasets: ShardDataset | Sequence[ShardDataset]) -> Any:
     counts = [s.count for ds in datasets for s in ds.manifest.shards]
     packed = [ds.manifest.packed for ds in datasets for _ in ds.manifest.shards]
     try:
-        key = tuple(_identity(p, c) for p, c in zip(paths, counts)) + (tuple(packed),)
-    except OSError:  # let the native core name the problem
-        return _native.ShardSet(paths, counts, packed)
-    with _open_lock:
-        shards = _open_sets.get(key)
-        if shards is None:
-            shards = _open_sets[key] = _native.ShardSet(paths, counts, packed)
-        return shards
+        try:
+            key = tuple(_identity(p, c) for p, c in zip(paths, counts)) + (tuple(packed),)
+        except OSError:  # let the native core name the problem
+            return _native.ShardSet(paths, counts, packed)
+        with _open_lock:
+            shards = _open_sets.get(key)
+            if shards is None:
+                shards = _open_sets[key] = _native.ShardSet(paths, counts, packed)
+            return shards
+    except (CorruptShardError, CorruptRecordError, ShardNotFoundError) as err:
+        for ds in datasets:  # rewritten in place since it was opened: say so rather than "corrupt"
+            ds.raise_if_changed(err)
+        raise
 
 
 class NativeEpoch:
