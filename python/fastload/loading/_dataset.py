@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,21 @@ from ..storage._heal import advised, heal_shard, names_file
 from ._subset import ShardSubset
 
 _HOLD_ATTEMPTS = 20  # a windowed shard evicted between its fetch and its hold this often: an error
+
+
+@contextmanager
+def changes_named(datasets: Sequence[ShardDataset]) -> Iterator[None]:
+    """Open shards of ``datasets`` within this block, naming a dataset rewritten in place since it was opened.
+
+    A shard that fails its checks because its dataset changed after it was opened raises
+    :meth:`ShardDataset.raise_if_changed`'s error instead of being reported as corrupt.
+    """
+    try:
+        yield
+    except (CorruptShardError, CorruptRecordError, ShardNotFoundError) as err:
+        for ds in datasets:
+            ds.raise_if_changed(err)
+        raise
 
 
 def empty_batch(count: int, field: Field, shared: bool) -> torch.Tensor:
@@ -185,14 +201,10 @@ class ShardDataset(torch.utils.data.Dataset):
                 self._fetch(shard)
             info = self.manifest.shards[shard]
             fields = [f.native_spec for f in self.manifest.fields]
-            try:
-                env = native_core().ShardRecords(
+            with changes_named([self]):
+                env = self._envs[shard] = native_core().ShardRecords(
                     str(self.path / info.file), info.count, fields, self.verify_checksums,
                     self.manifest.format_version, self._fingerprints[shard], max_sample_bytes())
-            except (CorruptShardError, CorruptRecordError, ShardNotFoundError) as err:
-                self.raise_if_changed(err)
-                raise
-            self._envs[shard] = env
         return env
 
     def raise_if_changed(self, err: Exception) -> None:

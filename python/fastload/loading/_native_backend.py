@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from .. import _extension
-from ..errors import CorruptRecordError, CorruptShardError, FastloadError, RemoteError, ShardNotFoundError
+from ..errors import FastloadError, RemoteError
 from ..format._record import max_sample_bytes, schema_fingerprint
 from ._augment import Augment
-from ._dataset import ShardDataset
+from ._dataset import ShardDataset, changes_named
 from ._pinned import FieldViews, HostAllocator, allocate_pinned, split_layout
 from ._remote_shards import RemoteShardSet, is_remote_dataset
 
@@ -135,7 +135,7 @@ def open_shards(datasets: ShardDataset | Sequence[ShardDataset]) -> Any:
     paths = shard_paths(datasets)
     counts = [s.count for ds in datasets for s in ds.manifest.shards]
     packed = [ds.manifest.packed for ds in datasets for _ in ds.manifest.shards]
-    try:
+    with changes_named(datasets):  # rewritten in place since it was opened: say so rather than "corrupt"
         try:
             key = tuple(_identity(p, c) for p, c in zip(paths, counts)) + (tuple(packed),)
         except OSError:  # let the native core name the problem
@@ -145,10 +145,6 @@ def open_shards(datasets: ShardDataset | Sequence[ShardDataset]) -> Any:
             if shards is None:
                 shards = _open_sets[key] = _native.ShardSet(paths, counts, packed)
             return shards
-    except (CorruptShardError, CorruptRecordError, ShardNotFoundError) as err:
-        for ds in datasets:  # rewritten in place since it was opened: say so rather than "corrupt"
-            ds.raise_if_changed(err)
-        raise
 
 
 class NativeEpoch:
