@@ -82,6 +82,36 @@ def test_resume_of_a_run_interrupted_before_its_first_shard_starts_it(tmp_path, 
     assert len(root) > 0
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_resume_of_a_run_interrupted_while_writing_its_first_journal_finishes_it(tmp_path, scenes, split):
+    # A Ctrl-C between the journal's temporary file and its rename leaves a committed shard and that file, with
+    # no journal (CI: --resume then refused the folder as "not a fastload output", exit 2)
+    options = ("--tile-size", "64", "--samples-per-shard", "4", *(("--val-fraction", "0.5") if split else ()))
+    reference = tmp_path / "reference"
+    assert preprocess(scenes, reference, *options).returncode == 0
+    out = tmp_path / "o"
+    part = Path("train") if split else Path(".")
+    (out / part).mkdir(parents=True)
+    (out / part / "shard-00000.lmdb").write_bytes((reference / part / "shard-00000.lmdb").read_bytes())
+    (out / part / "..progress.json.tmp").write_text('{"fingerprint": "')  # cut short
+    if split:
+        (out / "val").mkdir()
+    r = preprocess(scenes, out, *options, "--resume")
+    assert r.returncode == 0, r.stderr
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    assert files == sorted(p.relative_to(reference).as_posix() for p in reference.rglob("*"))
+    for name in files:
+        if name.endswith(".lmdb"):
+            assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+    # Elsewhere such a file is not enough to make a folder look like a run's output
+    stranger = tmp_path / "mine"
+    stranger.mkdir()
+    (stranger / "..progress.json.tmp").write_text("{")
+    (stranger / "notes.txt").write_text("keep me")
+    r = preprocess(scenes, stranger, *options, "--overwrite")
+    assert r.returncode == 2 and "refusing to delete" in r.stderr and (stranger / "notes.txt").exists()
+
+
 def test_messages_about_the_output_folder_name_the_command_that_works(tmp_path, scenes):
     out = tmp_path / "o"
     assert preprocess(scenes, out, "--tile-size", "64").returncode == 0

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 import pickle
+import stat
 import subprocess
 import sys
 import threading
@@ -82,14 +84,18 @@ class CacheWatch:
 
     def size(self) -> tuple[int, list[tuple[str, int]]]:
         sizes, files = {}, []  # by inode: a file renamed while the directory is listed is seen under both names
-        for p in self.cache.rglob("*"):
-            try:
-                st = p.stat()
-            except OSError:  # removed meanwhile
-                continue
-            if p.is_file():
-                sizes[(st.st_dev, st.st_ino)] = st.st_size
-                files.append((str(p.relative_to(self.cache)), st.st_size))
+        # os.walk, not Path.rglob: eviction deletes folders while they are listed, and rglob raises for a folder
+        # gone between finding and listing it (CI: FileNotFoundError in this thread); os.walk skips it
+        for folder, _, names in os.walk(self.cache):
+            for name in names:
+                p = Path(folder, name)
+                try:
+                    st = p.stat()
+                except OSError:  # removed meanwhile
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    sizes[(st.st_dev, st.st_ino)] = st.st_size
+                    files.append((str(p.relative_to(self.cache)), st.st_size))
         return sum(sizes.values()), files
 
     def _sample(self) -> None:

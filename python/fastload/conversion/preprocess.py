@@ -34,7 +34,7 @@ from ..format._codecs import (
     default_options,
 )
 from ..format._dtypes import NUMPY_DTYPES, dtype_name
-from ..format._manifest import MANIFEST_NAME
+from ..format._manifest import MANIFEST_NAME, json_temp_path
 from ..format._record import Field
 from ..format._splits import SPLITS_NAME, write_splits
 from ..storage import RemoteFolder, is_remote, redact
@@ -202,8 +202,7 @@ def _prepare_output(out: Path, overwrite: bool, resume: bool, argv: list[str] | 
     ours = [out / MANIFEST_NAME, out / PROGRESS_NAME, out / SPLITS_NAME, *(out / s / n for s in ("train", "val")
                                                          for n in (MANIFEST_NAME, PROGRESS_NAME))]
     recorded = any(p.exists() for p in ours)
-    looks_ours = recorded or all(p.name.startswith(("shard-", ".shard-")) or p.name == TASKS_DIR
-                                 for p in out.iterdir())
+    looks_ours = recorded or _run_files_only(out)
     if resume:
         if not recorded and _leftovers_only(out):  # interrupted before its first shard: nothing to keep
             print(f"{out}: nothing completed yet: starting the run")
@@ -221,6 +220,27 @@ def _prepare_output(out: Path, overwrite: bool, resume: bool, argv: list[str] | 
         raise UsageError(f"{out}: not a fastload output directory; refusing to delete it with --overwrite; pass "
                          f"another --output-dir: {_rerun(argv, '--overwrite', other_output=True)}")
     shutil.rmtree(out)
+
+
+# The temporary files of the JSON a run writes (journal, manifest, splits.json): a Ctrl-C between writing one
+# and renaming it leaves it behind, next to the shards committed before it.
+_JSON_TEMPS = frozenset(json_temp_path(Path(name)).name for name in (PROGRESS_NAME, MANIFEST_NAME, SPLITS_NAME))
+
+
+def _run_files_only(out: Path, root: bool = True) -> bool:
+    """Return whether ``out`` holds only files that a run writes.
+
+    Those are shards, partial shards, the tasks' folder, JSON temporaries and, at the root, split folders
+    holding only such files.
+    """
+    for path in out.iterdir():
+        if root and path.name in ("train", "val") and path.is_dir() and not path.is_symlink():
+            if not _run_files_only(path, root=False):
+                return False
+        elif not (path.name.startswith(("shard-", ".shard-")) or path.name == TASKS_DIR
+                  or path.name in _JSON_TEMPS):
+            return False
+    return True
 
 
 def _leftovers_only(out: Path) -> bool:

@@ -148,10 +148,18 @@ def file_hash(path: str | os.PathLike) -> str:
     return f"{HASH_ALGORITHM}:{h.hexdigest()}"
 
 
+def json_temp_path(path: Path) -> Path:
+    """Return the temporary file that ``write_json_atomic`` writes before renaming it to ``path``.
+
+    A run stopped between the two leaves it behind: the output folder's checks know it by this name.
+    """
+    return path.with_name(f".{path.name}.tmp")
+
+
 def write_json_atomic(path: str | os.PathLike, doc: Mapping) -> None:
     """Write JSON to a temporary file, fsync it and rename it over ``path``."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = json_temp_path(path)
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, sort_keys=False)
         f.write("\n")
