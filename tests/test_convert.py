@@ -7,6 +7,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from ctrl_c_steps import ctrl_c_at_step, files_of
 from PIL import Image
 
 import fastload
@@ -147,6 +148,34 @@ def test_iterable_resume_skips_what_is_written(tmp_path):
         fastload.write_dataset(StreamedTiles(cut_at=200), tmp_path / "o", samples_per_shard=64, progress=False)
     m = fastload.write_dataset(StreamedTiles(), tmp_path / "o", samples_per_shard=64, resume=True, progress=False)
     assert m.total == 300 and shard_bytes(tmp_path / "o") == shard_bytes(reference)
+
+
+@pytest.mark.slow  # about 90 interrupted writes and their resumes
+@pytest.mark.parametrize("iterable", [False, True], ids=["map-style", "iterable"])
+def test_a_ctrl_c_at_every_file_system_step_is_finished_by_resume(tmp_path, iterable):
+    # A Ctrl-C between the manifest and the journal's deletion left the journal in the finished dataset
+    def source():
+        return StreamedTiles(n=20) if iterable else [{"image": tile(i), "label": np.int64(i)} for i in range(20)]
+
+    reference = tmp_path / "reference"
+    fastload.write_dataset(source(), reference, samples_per_shard=3, progress=False)
+    expected = files_of(reference)
+    k = 0
+    while True:
+        k += 1
+        out = tmp_path / f"out{k}"
+        with ctrl_c_at_step(k) as taken:
+            try:
+                fastload.write_dataset(source(), out, samples_per_shard=3, progress=False)
+            except KeyboardInterrupt:
+                pass
+        if taken[0] < k:  # the write took fewer steps: every one was interrupted once
+            break
+        fastload.write_dataset(source(), out, samples_per_shard=3, progress=False, resume=True)
+        got = files_of(out)
+        assert sorted(got) == sorted(expected), f"step {k}"
+        assert all(got[name] == expected[name] for name in expected if name.endswith(".lmdb")), f"step {k}"
+    assert k > 30, f"only {k - 1} file-system steps: the write no longer uses these calls"
 
 
 def test_bad_arguments(tmp_path):

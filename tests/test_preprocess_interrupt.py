@@ -12,19 +12,18 @@ run still alive seconds after the signal; every run is counted, and every interr
 finished by ``--resume`` into shards byte-identical to an uninterrupted run's.
 """
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tifffile
+from ctrl_c_steps import ctrl_c_at_step, files_of
 
 from fastload.conversion import preprocess as cli
 from fastload.conversion._dataset_writer import PreprocessError
@@ -144,33 +143,6 @@ def test_ctrl_c_at_any_point_ends_the_run_and_resume_completes_it(tmp_path, scen
     assert interrupted >= runs // 2, f"too few runs were interrupted mid-run to test anything: {outcomes}"
 
 
-FILE_STEPS = ("replace", "rename", "unlink", "fsync", "mkdir", "rmdir", "link")
-
-
-@contextlib.contextmanager
-def ctrl_c_at_step(k: int) -> Iterator[list[int]]:
-    """Raise KeyboardInterrupt in place of this process's ``k``-th file-system step (``os.replace``, ``os.unlink``,
-    ...); yield a list that holds the number of steps taken once the block ends."""
-    originals = {name: getattr(os, name) for name in FILE_STEPS}
-    taken = [0]
-
-    def counted(step):
-        def call(*args, **kwargs):
-            taken[0] += 1
-            if taken[0] == k:
-                raise KeyboardInterrupt
-            return step(*args, **kwargs)
-        return call
-
-    for name, step in originals.items():
-        setattr(os, name, counted(step))
-    try:
-        yield taken
-    finally:
-        for name, step in originals.items():
-            setattr(os, name, step)
-
-
 @pytest.mark.parametrize("split", [False, True], ids=["one", "train-val"])
 def test_a_ctrl_c_at_every_file_system_step_is_finished_by_resume(tmp_path, split, capsys):
     # Every point between two steps of the run, in order: a Ctrl-C between the first journal's temporary
@@ -184,7 +156,7 @@ def test_a_ctrl_c_at_every_file_system_step_is_finished_by_resume(tmp_path, spli
                *(["--val-fraction", "0.5"] if split else [])]
     reference = tmp_path / "reference"
     assert preprocess_main([*options, "--output-dir", str(reference)]) == 0
-    expected = {p.relative_to(reference).as_posix(): p.read_bytes() for p in reference.rglob("*") if p.is_file()}
+    expected = files_of(reference)
     k = 0
     while True:
         k += 1
@@ -200,7 +172,7 @@ def test_a_ctrl_c_at_every_file_system_step_is_finished_by_resume(tmp_path, spli
         assert status in (0, 130, None), f"step {k}: {capsys.readouterr().err}"
         assert preprocess_main([*options, "--output-dir", str(out), "--resume"]) == 0, \
             f"step {k}: {capsys.readouterr().err}"
-        got = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        got = files_of(out)
         assert sorted(got) == sorted(expected), f"step {k}"
         assert all(got[name] == expected[name] for name in expected if name.endswith(".lmdb")), f"step {k}"
     assert k > 50, f"only {k - 1} file-system steps: the run no longer uses these calls"

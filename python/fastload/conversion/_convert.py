@@ -55,7 +55,7 @@ from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
 from ._dask_map import check_client, describe
 from ._dataset_writer import ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
-from ._journal import PROGRESS_NAME
+from ._journal import PROGRESS_NAME, drop_finished_journal
 from ._remote_output import direct_target, publish_output, stage_output
 from ._run_record import check_resume_options
 from ._samples import check_names, check_sample, check_sample_bytes, sample_arrays
@@ -274,6 +274,7 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
     if resume and (out / MANIFEST_NAME).exists():
         from ..format._manifest import load_manifest
 
+        drop_finished_journal(out)
         return load_manifest(out)
 
     tuple_names = tuple(names) if names is not None else None

@@ -69,3 +69,8 @@ class Journal:
     def shards(self) -> list[ShardInfo]:
         """Return the completed shards, as the manifest lists them."""
         return [ShardInfo(e["file"], e["count"], e["bytes"], e["hash"]) for e in self.entries]
+
+
+def drop_finished_journal(out_dir: Path) -> None:
+    """Delete the journal beside a written manifest: a Ctrl-C between writing one and deleting the other left it."""
+    (out_dir / PROGRESS_NAME).unlink(missing_ok=True)

@@ -53,7 +53,7 @@ from ._dense_run import (
 from ._encode import EncodeSettings, TileSpec, source_samples
 from ._hdf5 import StackInfo, StackSettings
 from ._images import PILLOW_MODES, ImageInfo, ImageReadError
-from ._journal import PROGRESS_NAME
+from ._journal import PROGRESS_NAME, drop_finished_journal
 from ._label_csv import labels_from_csv
 from ._partner_plan import (
     check_ignore_index,
@@ -520,7 +520,7 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
     for plan in plans:
         out = args.output_dir / plan.name if plan.name else args.output_dir
         if args.resume and (out / MANIFEST_NAME).exists():
-            _drop_finished_journal(out)
+            drop_finished_journal(out)
             print(f"{out}: already complete")
             continue
         provenance = _provenance(option_doc, data_dir, plan.name, out, args.absolute_source_root, args.partners)
@@ -675,17 +675,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _drop_finished_journal(out: Path) -> None:
-    """Delete the journal beside a written manifest: a Ctrl-C between the two left it (it is no longer read)."""
-    (out / PROGRESS_NAME).unlink(missing_ok=True)
-
-
 def _interrupted(args: argparse.Namespace) -> int:
     """Report a Ctrl-C and return the exit status: 130, or 0 when the output was complete before it."""
     if _output_complete(args):  # Ctrl-C after the last manifest was written: the run is done
         for folder in (args.output_dir, args.output_dir / "train", args.output_dir / "val"):
             if (folder / MANIFEST_NAME).exists():
-                _drop_finished_journal(folder)
+                drop_finished_journal(folder)
         print("preprocess_tiles: done (Ctrl-C arrived after the dataset was complete)", file=sys.stderr)
         return 0
     print(f"preprocess_tiles: interrupted; completed shards are kept, continue with: "
