@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 FILE_STEPS = ("replace", "rename", "unlink", "fsync", "mkdir", "rmdir", "link")
 
@@ -40,6 +41,29 @@ def ctrl_c_at_step(k: int) -> Iterator[list[int]]:
             setattr(os, name, step)
 
 
-def files_of(root) -> dict[str, bytes]:
+def files_of(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` by its relative path, with its bytes."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def interrupt_each_step(write: Callable[[Path], object], resume: Callable[[Path], object], root: Path,
+                        expected: dict[str, bytes]) -> int:
+    """Interrupt ``write(out)`` at its first step, then at its second, ... (a new ``out`` under ``root`` each
+    time) until a run ends before its ``k``-th step; after each, ``resume(out)`` must leave exactly the files
+    of ``expected``, the shards byte for byte. Return how many steps a run takes."""
+    k = 0
+    while True:
+        k += 1
+        out = root / f"out{k}"
+        with ctrl_c_at_step(k) as taken:
+            try:
+                write(out)
+            except KeyboardInterrupt:  # a writer that lets it through (an API, or a CLI outside its handler)
+                pass
+        if taken[0] < k:
+            return k - 1
+        resume(out)
+        got = files_of(out)
+        assert sorted(got) == sorted(expected), f"interrupted at step {k}"
+        assert all(got[name] == expected[name] for name in expected if name.endswith(".lmdb")), \
+            f"interrupted at step {k}"

@@ -7,7 +7,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from ctrl_c_steps import ctrl_c_at_step, files_of
+from ctrl_c_steps import files_of, interrupt_each_step
 from PIL import Image
 
 import fastload
@@ -159,23 +159,11 @@ def test_a_ctrl_c_at_every_file_system_step_is_finished_by_resume(tmp_path, iter
 
     reference = tmp_path / "reference"
     fastload.write_dataset(source(), reference, samples_per_shard=3, progress=False)
-    expected = files_of(reference)
-    k = 0
-    while True:
-        k += 1
-        out = tmp_path / f"out{k}"
-        with ctrl_c_at_step(k) as taken:
-            try:
-                fastload.write_dataset(source(), out, samples_per_shard=3, progress=False)
-            except KeyboardInterrupt:
-                pass
-        if taken[0] < k:  # the write took fewer steps: every one was interrupted once
-            break
-        fastload.write_dataset(source(), out, samples_per_shard=3, progress=False, resume=True)
-        got = files_of(out)
-        assert sorted(got) == sorted(expected), f"step {k}"
-        assert all(got[name] == expected[name] for name in expected if name.endswith(".lmdb")), f"step {k}"
-    assert k > 30, f"only {k - 1} file-system steps: the write no longer uses these calls"
+    steps = interrupt_each_step(lambda out: fastload.write_dataset(source(), out, samples_per_shard=3, progress=False),
+                                lambda out: fastload.write_dataset(source(), out, samples_per_shard=3, progress=False,
+                                                                   resume=True),
+                                tmp_path, files_of(reference))
+    assert steps > 30, f"only {steps} file-system steps: the write no longer uses these calls"
 
 
 def test_bad_arguments(tmp_path):
