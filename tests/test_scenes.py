@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tifffile
+from ctrl_c_steps import files_of, interrupt_each_step
 
 import fastload
 from fastload.errors import ArgumentError, DatasetError, ImageReadError
@@ -213,15 +214,32 @@ def test_write_dataset_counts_and_records_scenes(tmp_path, iterable):
     assert scenes[1].georef is not None and scenes[1].georef["transform"][0] == 10.0
 
 
-def test_write_dataset_withdraws_the_manifest_of_a_window_outside(tmp_path):
+def test_write_dataset_writes_no_manifest_for_a_window_outside(tmp_path):
     samples = _samples([(0, 0, 4, 4), (2, 6, 4, 4)], [0, 0])
-    with pytest.raises(ArgumentError, match=r"write_dataset: sample \d: window .* \(2, 6, 4, 4\) is not inside scene 0 "
-                                            r"\(a.tif, 4 x 8\).*manifest is withdrawn"):
-        fastload.write_dataset(samples, tmp_path / "ds", progress=False,
-                               scenes=[{"path": "a.tif", "height": 4, "width": 8}])
-    assert not (tmp_path / "ds" / "manifest.json").exists()
-    with pytest.raises(DatasetError, match="incomplete dataset"):
-        load_manifest(tmp_path / "ds")
+    for resume in (False, True):  # resumed: the same error, still no manifest
+        with pytest.raises(ArgumentError, match=r"write_dataset: sample \d: window .* \(2, 6, 4, 4\) is not inside "
+                                                r"scene 0 \(a.tif, 4 x 8\).*no manifest was written"):
+            fastload.write_dataset(samples, tmp_path / "ds", progress=False, resume=resume,
+                                   scenes=[{"path": "a.tif", "height": 4, "width": 8}])
+        assert not (tmp_path / "ds" / "manifest.json").exists()
+        with pytest.raises(DatasetError, match="incomplete dataset"):
+            load_manifest(tmp_path / "ds")
+
+
+def test_write_dataset_with_scenes_interrupted_at_any_step_is_finished_by_resume(tmp_path):
+    # A Ctrl-C between the first manifest and the one with the scenes counted left a dataset that looked
+    # complete without its scenes, which resume kept: the scenes are now in the one manifest written
+    samples = _samples([(0, 0, 4, 4), (0, 4, 4, 4), (0, 0, 3, 3), (0, 2, 2, 2)], [0, 0, 1, 1])
+    scenes = [{"path": "a.tif", "height": 4, "width": 8}, {"path": "b.tif", "height": 4, "width": 4}]
+
+    def write(out: Path, resume: bool = False) -> None:
+        fastload.write_dataset(samples, out, samples_per_shard=2, progress=False, scenes=scenes, resume=resume)
+
+    write(tmp_path / "reference")
+    steps = interrupt_each_step(write, lambda out: write(out, resume=True), tmp_path, files_of(tmp_path / "reference"))
+    assert steps > 20
+    for out in sorted(tmp_path.glob("out*")):
+        assert load_manifest(out).extra["scenes"] == load_manifest(tmp_path / "reference").extra["scenes"], out
 
 
 def test_write_dataset_without_a_scene_field(tmp_path):

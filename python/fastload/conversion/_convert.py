@@ -23,6 +23,7 @@ writes every shard, so the bytes are the same.
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 import os
 import shutil
@@ -36,7 +37,7 @@ import numpy as np
 
 from ..errors import ArgumentError, SchemaMismatchError
 from ..format._codecs import default_options
-from ..format._manifest import MANIFEST_NAME, Manifest, write_json_atomic
+from ..format._manifest import MANIFEST_NAME, Manifest
 from ..format._record import Field, RecordEncoder
 from ..format._scenes import (
     SCENE_FIELD,
@@ -350,19 +351,18 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
                    worker_init=(_init_worker, (source, settings)) if map_style else None, unit="sample",
                    piece=_range_piece if map_style else None, piece_samples=chunk, target=target, order=order,
                    seed=seed, gather=_gather_indices if map_style else None,
-                   gather_encode=_encode_indices if map_style else None, sample_sources=map_style, extra=extra)
+                   gather_encode=_encode_indices if map_style else None, sample_sources=map_style, extra=extra,
+                   complete=functools.partial(_record_scenes, out, items) if counted else None)
     if client is not None and progress:
         print(describe(client))
-    manifest = write_job(job, workers, skip_bad=False, resume=resume, progress=progress, client=client).manifest
-    if counted:
-        _record_scenes(out, manifest, items)
-    return manifest
+    return write_job(job, workers, skip_bad=False, resume=resume, progress=progress, client=client).manifest
 
 
-def _record_scenes(out: Path, manifest: Manifest, items: Any) -> None:
-    """Count each scene's samples in the written shards, check their windows, record ``scenes`` in the manifest.
+def _record_scenes(out: Path, items: Any, manifest: Manifest) -> None:
+    """Count each scene's samples in the written shards, check their windows, record ``scenes`` in ``manifest``.
 
-    A sample outside its scene withdraws the manifest (the shards stay, an incomplete dataset) and raises.
+    Called before the manifest is written: a sample outside its scene raises, and the shards stay
+    without a manifest (an incomplete dataset).
     """
     scene, window = read_scene_fields(out, manifest)
     try:
@@ -371,10 +371,8 @@ def _record_scenes(out: Path, manifest: Manifest, items: Any) -> None:
                                   ArgumentError)
         check_windows(scene_list, index, window, 0, "write_dataset", ArgumentError)
     except ArgumentError as err:
-        (out / MANIFEST_NAME).unlink(missing_ok=True)
-        raise ArgumentError(f"{err} (sample numbers are positions in {out}; its manifest is withdrawn)") from None
+        raise ArgumentError(f"{err} (sample numbers are positions in {out}; no manifest was written)") from None
     manifest.extra[SCENES_KEY] = [s.to_json() for s in scene_list]
-    write_json_atomic(out / MANIFEST_NAME, manifest.to_json())
 
 
 

@@ -80,7 +80,9 @@ class WriteJob:
     samples are written together, so a file that fails to decode can be skipped whole (false for
     the job a shuffled write plans: ``_write_order.shuffled_job``). ``sample_sources``: each
     sample is read on its own (a map-style dataset read by index), so the shuffled order treats
-    every sample as a source of its own (``_write_groups``).
+    every sample as a source of its own (``_write_groups``). ``complete(manifest)``: called once the
+    shards are written, before the manifest is: it may add to the manifest's ``extra`` (from the shards in
+    ``out_dir``) or raise, leaving the shards and the journal without a manifest.
     """
 
     out_dir: Path
@@ -106,6 +108,7 @@ class WriteJob:
     gather_encode: Callable[..., list[bytes]] | None = None
     whole_sources: bool = True
     sample_sources: bool = False
+    complete: Callable[[Manifest], None] | None = None
 
     def __post_init__(self) -> None:
         check_order(self.order)
@@ -435,6 +438,8 @@ def _finish(job: WriteJob, journal: Journal, target: ShardTarget, group_samples:
     ident = journal.dataset_id or dataset_id(job.settings.fields, _identity(job), [])
     manifest = Manifest(fields=list(job.settings.fields), shards=shards, provenance=job.provenance, extra=extra,
                         dataset_id=ident)
+    if job.complete is not None:
+        job.complete(manifest)
     target.clean_staged()  # a task's attempt that Dask ran again, or one given up on a replan
     write_json_atomic(out_dir / MANIFEST_NAME, manifest.to_json())
     journal.path.unlink(missing_ok=True)
