@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import preprocess_two_classes
+from ctrl_c_steps import ctrl_c_at_step
 from test_remote import BUCKET, batches, s3, same  # noqa: F401  (s3: the module's server fixture)
 
 import fastload
@@ -184,3 +185,51 @@ def test_resume_and_overwrite_at_a_url_behave_as_for_a_directory(s3, tmp_path, m
     assert sorted(k for k in keys if k.endswith(".lmdb")) == ["out-d/shard-00000.lmdb", "out-d/shard-00001.lmdb"]
     assert len(fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path / "read")) == 60
     assert publish_module.staging_dir(tmp_path, url).exists() is False
+
+
+def test_an_overwrite_interrupted_at_any_step_is_finished_by_resume(s3, tmp_path):  # noqa: F811
+    # An overwrite interrupted before its staging directory held a file, then resumed, gave back the URL's
+    # old dataset as complete (found by a review): the run now marks itself started before it writes
+    _, client, options = s3
+    common = {"samples_per_shard": 5, "progress": False, "storage_options": options}
+    reference = f"s3://{BUCKET}/out-ref"
+    fastload.write_dataset(samples(12), reference, cache_dir=tmp_path / "ref", **common)
+    expected = objects(client, "out-ref")
+    k = 0
+    while True:
+        k += 1
+        url, cache = f"s3://{BUCKET}/out-k{k}", tmp_path / f"cache{k}"
+        fastload.write_dataset(samples(40), url, cache_dir=cache, **common)  # the old dataset
+        with ctrl_c_at_step(k) as taken:
+            try:
+                fastload.write_dataset(samples(12), url, overwrite=True, cache_dir=cache, **common)
+            except KeyboardInterrupt:
+                pass
+        if taken[0] < k:
+            break
+        assert fastload.write_dataset(samples(12), url, resume=True, cache_dir=cache, **common).total == 12, k
+        stored = objects(client, f"out-k{k}")
+        assert sorted(stored) == sorted(expected), f"interrupted at step {k}"
+        assert all(stored[n] == expected[n] for n in expected if n.endswith(".lmdb")), f"interrupted at step {k}"
+        assert not list((cache / "publish").iterdir()), f"interrupted at step {k}: staging left"
+    assert k > 10
+
+
+def test_resume_of_a_finished_url_with_other_options_is_refused(s3, tmp_path, two_class_pngs):  # noqa: F811
+    _, client, options = s3
+    url = f"s3://{BUCKET}/out-opts"
+    common = {"progress": False, "storage_options": options, "cache_dir": tmp_path}
+    fastload.write_dataset(samples(12), url, samples_per_shard=4, **common)
+    with pytest.raises(ArgumentError, match=r"(?s)resume=True with options that differ.*"
+                                            r"--codec: recorded raw, now zstd.*--samples-per-shard: recorded 4, now 6"):
+        fastload.write_dataset(samples(12), url, samples_per_shard=6, codec="zstd", resume=True, **common)
+    assert fastload.write_dataset(samples(12), url, samples_per_shard=4, resume=True, **common).total == 12
+
+    cli_url = f"s3://{BUCKET}/out-opts-cli"  # with splits: the options recorded in splits.json
+    env = {**s3_env(s3), "FASTLOAD_CACHE_DIR": str(tmp_path / "cli-cache")}
+    assert preprocess_two_classes(two_class_pngs, cli_url, env=env).returncode == 0
+    r = preprocess_two_classes(two_class_pngs, cli_url, "--tile-size", "16", "--resume", env=env)
+    assert r.returncode == 2 and "--tile-size: recorded 32x32, now 16x16" in r.stderr, r.stderr
+    assert "splits.json" in r.stderr and options["secret_access_key"] not in r.stderr
+    r = preprocess_two_classes(two_class_pngs, cli_url, "--resume", env=env)
+    assert r.returncode == 0 and "complete already" in r.stdout, r.stderr

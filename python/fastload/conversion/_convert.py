@@ -57,7 +57,7 @@ from ._dask_map import check_client, describe
 from ._dataset_writer import ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
 from ._journal import PROGRESS_NAME, drop_finished_journal
-from ._remote_output import direct_target, publish_output, stage_output
+from ._remote_output import check_resume_options_at, direct_target, publish_output, stage_output
 from ._run_record import check_resume_options
 from ._samples import check_names, check_sample, check_sample_bytes, sample_arrays
 from ._shard_targets import RemoteShards
@@ -197,8 +197,8 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
                    scenes=scenes)
     if isinstance(out_dir, str) and is_remote(out_dir):
         staging, storage = stage_output(out_dir, storage_options, cache_dir, overwrite, resume)
-        if staging is None:  # resume=True, and the URL holds the finished dataset
-            return read_remote_manifest(out_dir, storage)
+        if staging is None:  # resume=True, and the URL holds the finished dataset: its options are checked
+            return _write(source, out_dir, overwrite=False, target=None, complete_at=(out_dir, storage), **options)
         target = direct_target(out_dir, storage, client)  # on a cluster the tasks upload the shards themselves
         manifest = _write(source, staging, overwrite=False, target=target, **options)
         publish_output(staging, out_dir, storage, progress)
@@ -214,8 +214,13 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
            names: Sequence[str] | None, progress: bool, layout: str | None, quality: int | None,
            subsampling: str | None, prefer: str, lossy_ok: bool, client: Any,
            target: RemoteShards | None, order: str | None, seed: int,
-           scenes: Sequence[Any] | None = None) -> Manifest:
-    """``write_dataset`` into a local directory; the shards go to ``target`` when given (a URL's, on a cluster)."""
+           scenes: Sequence[Any] | None = None, complete_at: tuple[str, Any] | None = None) -> Manifest:
+    """``write_dataset`` into a local directory; the shards go to ``target`` when given (a URL's, on a cluster).
+
+    ``complete_at``: (URL, storage options) of a finished dataset that ``resume`` finds there with nothing
+    staged: the arguments are checked, then the options against those it records, and its manifest is
+    returned.
+    """
     names = check_names(names)
     items = scene_items(scenes, "write_dataset", ArgumentError) if scenes is not None else None
     check_codecs(codec, None)  # the field names are checked once the first sample gives them
@@ -266,11 +271,14 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
     image_options = {"layout": layout, "quality": quality, "subsampling": subsampling,
                      "prefer": prefer if "auto" in used else None, "lossy_ok": lossy_ok or None}
     options.update({k: v for k, v in image_options.items() if v is not None})  # recorded only when they matter
-    if resume:
-        try:
+    try:
+        if complete_at is not None:
+            check_resume_options_at(*complete_at, options)
+            return read_remote_manifest(*complete_at)
+        if resume:
             check_resume_options(out, options)
-        except UsageError as err:
-            raise ArgumentError(str(err).replace("--resume", "resume=True")) from None
+    except UsageError as err:
+        raise ArgumentError(str(err).replace("--resume", "resume=True")) from None
     _prepare(out, overwrite, resume)
     if resume and (out / MANIFEST_NAME).exists():
         from ..format._manifest import load_manifest

@@ -10,8 +10,19 @@ from typing import Any
 
 from ..storage import RemoteSpec, redact
 from ..storage._client import StorageOptions
-from ..storage._publish import checked_staging_dir, finish_publish, publish, remote_dataset_exists, remove_staging
+from ..storage._publish import (
+    checked_staging_dir,
+    clear_staging,
+    finish_publish,
+    is_staged,
+    mark_started,
+    publish,
+    read_remote_record,
+    remote_dataset_exists,
+    remove_staging,
+)
 from ..storage._urls import join_url
+from ._run_record import check_options_match, recorded_options_of
 from ._shard_targets import RemoteShards
 
 
@@ -26,7 +37,9 @@ def stage_output(url: str, storage_options: Mapping[str, Any] | None, cache_dir:
     """
     spec = RemoteSpec.build(storage_options, cache_dir, None)
     staging = checked_staging_dir(spec.cache_dir, url)
-    staged = staging.exists() and any(staging.iterdir())
+    staged = is_staged(staging)
+    if not staged and os.path.lexists(staging):  # empty: a publish ended while deleting it
+        remove_staging(staging)
     if not overwrite:
         if staged and not resume:
             raise FileExistsError(f"{redact(url)}: an interrupted conversion to it is staged in {staging} (pass "
@@ -37,9 +50,22 @@ def stage_output(url: str, storage_options: Mapping[str, Any] | None, cache_dir:
                 return None, spec.storage_options
             raise FileExistsError(f"{redact(url)}: holds a dataset (pass overwrite=True / --overwrite to replace "
                                   "it)")
-    if overwrite and staging.exists():
-        remove_staging(staging)
+    mark_started(staging)  # before anything is written: a resume continues this run, not the URL's old dataset
+    if overwrite:
+        clear_staging(staging)
     return staging, spec.storage_options
+
+
+def check_resume_options_at(url: str, storage: StorageOptions, options: dict[str, Any]) -> None:
+    """Raise UsageError when ``options`` differ from those the complete dataset at ``url`` records.
+
+    What ``check_resume_options`` checks for a local directory, for ``resume`` of a URL that holds
+    its finished dataset and nothing staged (nothing recorded there: no check).
+    """
+    found = read_remote_record(url, storage)
+    recorded = recorded_options_of(found[1]) if found is not None else None
+    if found is not None and recorded is not None:
+        check_options_match(redact(url), found[0], recorded, options)
 
 
 def direct_target(url: str, storage: StorageOptions, client: Any, split: str = "") -> RemoteShards | None:

@@ -28,7 +28,7 @@ def _recorded_options(out: Path) -> tuple[Path, dict[str, Any]] | None:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
-        options = doc.get("options") if path.name == PROGRESS_NAME else doc.get("provenance", {}).get("options")
+        options = doc.get("options") if path.name == PROGRESS_NAME else recorded_options_of(doc)
         if isinstance(options, dict):
             return path, options
     return None
@@ -48,17 +48,27 @@ def _show(value: Any) -> str:
     return str(value)
 
 
+def recorded_options_of(doc: Any) -> dict[str, Any] | None:
+    """Return the options a manifest or ``splits.json`` document records (``provenance.options``), or None."""
+    provenance = doc.get("provenance") if isinstance(doc, dict) else None
+    options = provenance.get("options") if isinstance(provenance, dict) else None
+    return options if isinstance(options, dict) else None
+
+
 def check_resume_options(out: Path, options: dict[str, Any]) -> None:
     """Raise UsageError when ``options`` differ from those recorded in ``out`` (nothing recorded: no check)."""
     found = _recorded_options(out)
-    if found is None:
-        return
-    where, recorded = found
+    if found is not None:
+        check_options_match(str(out), found[0].name, found[1], options)
+
+
+def check_options_match(out: str, where: str, recorded: dict[str, Any], options: dict[str, Any]) -> None:
+    """Raise UsageError when ``options`` differ from ``recorded`` (those of the run's file ``where`` in ``out``)."""
     now = json.loads(json.dumps(options))
     changed = [k for k in sorted(set(now) | set(recorded)) if now.get(k) != recorded.get(k)]
     if not changed:
         return
     lines = "\n  ".join(f"--{k.replace('_', '-')}: recorded {_show(recorded.get(k, _ABSENT.get(k)))}, "
                         f"now {_show(now.get(k, _ABSENT.get(k)))}" for k in changed)
-    raise UsageError(f"{out}: --resume with options that differ from the recorded run ({where.name}):\n  {lines}\n"
+    raise UsageError(f"{out}: --resume with options that differ from the recorded run ({where}):\n  {lines}\n"
                      "resume with the recorded options, or start again with --overwrite")

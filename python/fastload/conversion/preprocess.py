@@ -74,7 +74,7 @@ from ._preprocess_plan import (
     warn_lopsided_classes,
     warn_no_tiles,
 )
-from ._remote_output import direct_target, publish_output, stage_output
+from ._remote_output import check_resume_options_at, direct_target, publish_output, stage_output
 from ._run_record import check_resume_options
 from ._shard_targets import TASKS_DIR
 from ._sources import (
@@ -419,7 +419,10 @@ def _run_to_url(args: argparse.Namespace, client: Any, url: str) -> list[WriteRe
                                         args.resume)
     except FileExistsError as err:
         raise UsageError(str(err)) from None
-    if staging is None:  # --resume, and the URL holds the finished dataset
+    if staging is None:  # --resume, and the URL holds the finished dataset: with the options it records?
+        check_options(args)
+        check_dense_options(args)
+        check_resume_options_at(url, storage, _option_doc(args))
         print(f"{redact(url)}: complete already; nothing to do")
         return []
     args.output_dir, args.overwrite, saved = staging, False, args.absolute_source_root

@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from .._progress import Progress
-from ..errors import DatasetError, RemoteError
+from ..errors import DatasetError, RemoteError, RemoteNotFoundError
 from ..format._manifest import MANIFEST_NAME, Manifest, load_manifest
 from ..format._manifest_check import MAX_MANIFEST_BYTES
 from ..format._splits import SPLITS_NAME
+from ..format._strict_json import load_strict
 from ._cache_fs import check_cache_dir, real_dir, remove_tree
 from ._client import RemoteRoot, StorageOptions, _obstore
 from ._urls import redact
@@ -64,8 +65,49 @@ def checked_staging_dir(cache_dir: Path, url: str) -> Path:
     return staging
 
 
+def started_mark(staging: Path) -> Path:
+    """Return the file beside ``staging`` that says a conversion to its URL started and is not published yet.
+
+    It is made before the conversion writes anything and deleted after the staging directory: an
+    interrupted ``overwrite`` of a URL whose old dataset is still complete is known as started
+    (``resume`` continues it) even before its staging directory holds a file.
+    """
+    return staging.with_name(staging.name + ".started")
+
+
+def is_staged(staging: Path) -> bool:
+    """Return whether a conversion to the URL of ``staging`` was started and not published."""
+    if os.path.lexists(started_mark(staging)):
+        return True
+    try:
+        return any(staging.iterdir())
+    except OSError:  # none
+        return False
+
+
+def mark_started(staging: Path) -> None:
+    """Make the ``started_mark`` of ``staging`` (in the private ``publish/`` folder; never through a link)."""
+    mark = started_mark(staging)
+    try:
+        fd = os.open(mark, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                     0o600)
+    except OSError as err:
+        raise RemoteError(f"{mark}: cannot mark the conversion as started ({err.strerror}); a link planted "
+                          "there is refused") from None
+    os.close(fd)
+
+
 def remove_staging(staging: Path) -> None:
-    """Delete a staging directory (``<cache_dir>/publish/<name>``) and what it holds, never through a link."""
+    """Delete a staging directory (``<cache_dir>/publish/<name>``) and what it holds, then its ``started_mark``.
+
+    Never through a link.
+    """
+    remove_tree(staging.parent.parent, staging)
+    remove_tree(staging.parent.parent, started_mark(staging))
+
+
+def clear_staging(staging: Path) -> None:
+    """Delete what a staging directory holds but keep its ``started_mark``: a conversion starting again."""
     remove_tree(staging.parent.parent, staging)
 
 
@@ -163,6 +205,27 @@ def read_remote_manifest(url: str, options: StorageOptions) -> Manifest:
             return load_manifest(Path(tmp))
         except DatasetError as err:
             raise DatasetError(str(err).replace(tmp, redact(url))) from None
+
+
+def read_remote_record(url: str, options: StorageOptions) -> tuple[str, Any] | None:
+    """Return (name, document) of the file at ``url`` that records its conversion's options.
+
+    ``splits.json`` of a dataset with splits, else ``manifest.json``; None where neither is. Read
+    bounded and strict, as a local one is.
+    """
+    root = RemoteRoot(url, options)
+    for name in (SPLITS_NAME, MANIFEST_NAME):
+        try:
+            data = root.read_bytes(name, MAX_MANIFEST_BYTES)
+        except RemoteNotFoundError:
+            continue
+        with tempfile.TemporaryDirectory(prefix="fastload-manifest-") as tmp:
+            Path(tmp, name).write_bytes(data)
+            try:
+                return name, load_strict(Path(tmp, name), MAX_MANIFEST_BYTES, name)
+            except DatasetError as err:
+                raise DatasetError(str(err).replace(tmp, redact(url))) from None
+    return None
 
 
 def _delete(root: RemoteRoot, obstore: Any, name: str) -> None:
