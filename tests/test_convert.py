@@ -151,9 +151,11 @@ def test_iterable_resume_skips_what_is_written(tmp_path):
 
 
 @pytest.mark.slow  # about 90 interrupted writes and their resumes
-@pytest.mark.parametrize("iterable", [False, True], ids=["map-style", "iterable"])
-def test_a_ctrl_c_at_every_file_system_step_is_finished_by_resume(tmp_path, iterable):
-    # A Ctrl-C between the manifest and the journal's deletion left the journal in the finished dataset
+@pytest.mark.parametrize(("iterable", "again"), [(False, "resume"), (True, "resume"), (False, "overwrite")],
+                         ids=["map-style", "iterable", "map-style-overwrite"])
+def test_a_ctrl_c_at_every_file_system_step_is_finished_by_resume_or_overwrite(tmp_path, iterable, again):
+    # A Ctrl-C between the manifest and the journal's deletion left the journal in the finished dataset;
+    # overwrite=True refused what a Ctrl-C before the first journal left ("not a fastload dataset")
     def source():
         return StreamedTiles(n=20) if iterable else [{"image": tile(i), "label": np.int64(i)} for i in range(20)]
 
@@ -161,9 +163,42 @@ def test_a_ctrl_c_at_every_file_system_step_is_finished_by_resume(tmp_path, iter
     fastload.write_dataset(source(), reference, samples_per_shard=3, progress=False)
     steps = interrupt_each_step(lambda out: fastload.write_dataset(source(), out, samples_per_shard=3, progress=False),
                                 lambda out: fastload.write_dataset(source(), out, samples_per_shard=3, progress=False,
-                                                                   resume=True),
+                                                                   **{again: True}),
                                 tmp_path, files_of(reference))
     assert steps > 30, f"only {steps} file-system steps: the write no longer uses these calls"
+
+
+def test_write_arrays_interrupted_at_any_step_is_replaced_by_overwrite(tmp_path):
+    # write_arrays has no resume: overwrite=True refused its leftovers ("not a fastload dataset")
+    arrays = {"image": np.stack([tile(i) for i in range(20)]), "label": np.arange(20, dtype=np.int64)}
+    fastload.write_arrays(tmp_path / "reference", arrays, samples_per_shard=3)
+    steps = interrupt_each_step(lambda out: fastload.write_arrays(out, arrays, samples_per_shard=3),
+                                lambda out: fastload.write_arrays(out, arrays, samples_per_shard=3, overwrite=True),
+                                tmp_path, files_of(tmp_path / "reference"))
+    assert steps > 10
+
+
+@pytest.mark.parametrize("writer", ["write_arrays", "write_dataset"])
+def test_an_overwrite_refused_for_its_arguments_keeps_the_old_dataset(tmp_path, writer):
+    arrays = {"image": np.stack([tile(i) for i in range(6)]), "label": np.arange(6, dtype=np.int64)}
+    out = tmp_path / "ds"
+    fastload.write_arrays(out, arrays, samples_per_shard=3)
+    before = files_of(out)
+    with pytest.raises(ValueError, match="unknown codec"):
+        if writer == "write_arrays":
+            fastload.write_arrays(out, arrays, samples_per_shard=3, codec="zip", overwrite=True)
+        else:
+            fastload.write_dataset([{"x": np.zeros(3)}], out, samples_per_shard=3, codec="zip", overwrite=True)
+    assert files_of(out) == before
+    mine = tmp_path / "mine"  # a folder of the user's: never deleted
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    (mine / "..progress.json.tmp").write_text("{")
+    with pytest.raises(FileExistsError, match="not a fastload dataset"):
+        fastload.write_arrays(mine, arrays, samples_per_shard=3, overwrite=True)
+    with pytest.raises(FileExistsError, match="not a fastload dataset"):
+        fastload.write_dataset([{"x": np.zeros(3)}], mine, samples_per_shard=3, overwrite=True, progress=False)
+    assert (mine / "notes.txt").read_text() == "keep me"
 
 
 def test_bad_arguments(tmp_path):

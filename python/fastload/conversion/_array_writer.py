@@ -27,6 +27,7 @@ from ..format._scenes import (
     check_windows,
 )
 from ._auto import Choice, choose_codec, sample_indices
+from ._output_dir import is_run_output
 from ._samples import check_sample_bytes
 from ._shard_labels import label_histogram, shard_labels_doc
 from ._shard_writer import dataset_id, write_shard
@@ -70,12 +71,12 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     cannot hold a field (the message names the codecs that can).
     """
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
+    replace = out.exists() and any(out.iterdir())
+    if replace:
         if not overwrite:
             raise FileExistsError(f"{out}: exists and is not empty (pass overwrite=True)")
-        if not (out / MANIFEST_NAME).exists():
+        if not is_run_output(out):
             raise FileExistsError(f"{out}: not a fastload dataset; refusing to overwrite it")
-        shutil.rmtree(out)
     if not arrays:
         raise ArgumentError("write_arrays needs at least one field")
     if samples_per_shard < 1:
@@ -99,6 +100,8 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
         if choice is not None:
             choices[name] = choice.to_json()
     check_sample_bytes(fields, "write_arrays")
+    if replace:  # once every argument is checked: a refused call deletes nothing
+        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     encoder = RecordEncoder(fields)
     shards = []

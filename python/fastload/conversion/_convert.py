@@ -56,7 +56,8 @@ from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
 from ._dask_map import check_client, describe
 from ._dataset_writer import ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
-from ._journal import PROGRESS_NAME, drop_finished_journal
+from ._journal import drop_finished_journal
+from ._output_dir import is_run_output
 from ._remote_output import check_resume_options_at, direct_target, publish_output, stage_output
 from ._run_record import check_resume_options
 from ._samples import check_names, check_sample, check_sample_bytes, sample_arrays
@@ -126,7 +127,7 @@ def _prepare(out: Path, overwrite: bool, resume: bool) -> None:
         return
     if not overwrite:
         raise FileExistsError(f"{out}: exists and is not empty (pass overwrite=True, or resume=True to continue)")
-    if not ((out / MANIFEST_NAME).exists() or (out / PROGRESS_NAME).exists()):
+    if not is_run_output(out):
         raise FileExistsError(f"{out}: not a fastload dataset; refusing to overwrite it")
     shutil.rmtree(out)
 

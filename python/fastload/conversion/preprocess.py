@@ -34,7 +34,7 @@ from ..format._codecs import (
     default_options,
 )
 from ..format._dtypes import NUMPY_DTYPES, dtype_name
-from ..format._manifest import MANIFEST_NAME, json_temp_path
+from ..format._manifest import MANIFEST_NAME
 from ..format._record import Field
 from ..format._splits import SPLITS_NAME, write_splits
 from ..storage import RemoteFolder, is_remote, redact
@@ -55,6 +55,7 @@ from ._hdf5 import StackInfo, StackSettings
 from ._images import PILLOW_MODES, ImageInfo, ImageReadError
 from ._journal import PROGRESS_NAME, drop_finished_journal
 from ._label_csv import labels_from_csv
+from ._output_dir import leftovers_only, records_a_run, run_files_only
 from ._partner_plan import (
     check_ignore_index,
     check_partners_consistent,
@@ -76,7 +77,6 @@ from ._preprocess_plan import (
 )
 from ._remote_output import check_resume_options_at, direct_target, publish_output, stage_output
 from ._run_record import check_resume_options
-from ._shard_targets import TASKS_DIR
 from ._sources import (
     Source,
     SourceError,
@@ -199,66 +199,25 @@ def build_parser() -> argparse.ArgumentParser:
 def _prepare_output(out: Path, overwrite: bool, resume: bool, argv: list[str] | None = None) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
-    ours = [out / MANIFEST_NAME, out / PROGRESS_NAME, out / SPLITS_NAME, *(out / s / n for s in ("train", "val")
-                                                         for n in (MANIFEST_NAME, PROGRESS_NAME))]
-    recorded = any(p.exists() for p in ours)
-    looks_ours = recorded or _run_files_only(out)
+    recorded = records_a_run(out)
+    looks_ours = recorded or run_files_only(out)
     if resume:
-        if not recorded and _leftovers_only(out):  # interrupted before its first shard: nothing to keep
+        if not recorded and leftovers_only(out):  # interrupted before its first shard: nothing to keep
             print(f"{out}: nothing completed yet: starting the run")
         elif not looks_ours:
             raise UsageError(f"{out}: not a fastload output (no {PROGRESS_NAME} or {MANIFEST_NAME}, and files of "
                              f"its own); pass another --output-dir: {_rerun(argv, '--resume', other_output=True)}")
         return
     if not overwrite:
-        if not recorded and _leftovers_only(out):
+        if not recorded and leftovers_only(out):
             raise UsageError(f"{out}: holds a run interrupted before its first shard (no completed shard); "
                              f"start it with: {_rerun(argv, '--resume')}")
         raise UsageError(f"{out}: exists and is not empty; replace it with: {_rerun(argv, '--overwrite')}\n"
                          f"or continue an interrupted run with: {_rerun(argv, '--resume')}")
-    if not looks_ours and not _leftovers_only(out):
+    if not looks_ours:
         raise UsageError(f"{out}: not a fastload output directory; refusing to delete it with --overwrite; pass "
                          f"another --output-dir: {_rerun(argv, '--overwrite', other_output=True)}")
     shutil.rmtree(out)
-
-
-# The temporary files of the JSON a run writes (journal, manifest, splits.json): a Ctrl-C between writing one
-# and renaming it leaves it behind, next to the shards committed before it.
-_JSON_TEMPS = frozenset(json_temp_path(Path(name)).name for name in (PROGRESS_NAME, MANIFEST_NAME, SPLITS_NAME))
-
-
-def _run_files_only(out: Path, root: bool = True) -> bool:
-    """Return whether ``out`` holds only files that a run writes.
-
-    Those are shards, partial shards, the tasks' folder, JSON temporaries and, at the root, split folders
-    holding only such files.
-    """
-    for path in out.iterdir():
-        if root and path.name in ("train", "val") and path.is_dir() and not path.is_symlink():
-            if not _run_files_only(path, root=False):
-                return False
-        elif not (path.name.startswith(("shard-", ".shard-")) or path.name == TASKS_DIR
-                  or path.name in _JSON_TEMPS):
-            return False
-    return True
-
-
-def _leftovers_only(out: Path) -> bool:
-    """Return whether ``out`` holds only what a run leaves before its first shard: split folders, partial shards.
-
-    Shards that worker tasks staged (``.tasks/``) and nobody committed are leftovers too: a run
-    interrupted between making that folder and deleting it leaves it behind.
-    """
-    for path in out.iterdir():
-        if path.is_dir() and not path.is_symlink() and path.name == TASKS_DIR:
-            continue
-        if path.is_dir() and path.name in ("train", "val"):
-            if not _leftovers_only(path):
-                return False
-        elif not (path.is_file() and path.name.startswith(".shard-")
-                  and path.name.endswith((".build", ".compact", ".tmp"))):
-            return False
-    return True
 
 
 def _rerun(argv: list[str] | None, flag: str, other_output: bool = False) -> str:
