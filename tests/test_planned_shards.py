@@ -252,12 +252,13 @@ def test_a_task_given_up_on_cannot_replace_a_committed_shard_in_a_bucket(s3):  #
     from fastload.format._record import RecordEncoder
 
     encoder = RecordEncoder(fields)
+    target.open_staging()  # the driver, before it submits the tasks
     ours = target.stage(3, [encoder.encode({"image": np.arange(4, dtype=np.uint8)})], (fields, "0" * 32))
     stale = target.stage(3, [encoder.encode({"image": np.ones(4, np.uint8)})], (fields, "0" * 32))
     assert ours[0].bytes == stale[0].bytes and ours[0].hash != stale[0].hash and ours[1] != stale[1]
     target.commit(ours)
     stored = objects(s3_client, "staged")
-    assert sorted(stored) == [stale[1], "shard-00003.lmdb"]  # the stale attempt is staged, not named
+    assert sorted(stored) == [f".tasks/{target._run}.open", stale[1], "shard-00003.lmdb"]  # staged, not named
     target.clean_staged()
     stored = objects(s3_client, "staged")
     assert list(stored) == ["shard-00003.lmdb"]

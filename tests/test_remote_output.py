@@ -8,6 +8,8 @@ as the local copy does.
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from conftest import preprocess_two_classes
@@ -15,7 +17,9 @@ from ctrl_c_steps import ctrl_c_at_step
 from test_remote import BUCKET, batches, s3, same  # noqa: F401  (s3: the module's server fixture)
 
 import fastload
+from fastload.conversion._shard_targets import RemoteShards
 from fastload.errors import ArgumentError, RemoteError
+from fastload.format._record import Field, RecordEncoder
 
 pytestmark = pytest.mark.slow  # tier: the moto S3 server, preprocess_tiles processes and a Dask cluster
 
@@ -233,3 +237,33 @@ def test_resume_of_a_finished_url_with_other_options_is_refused(s3, tmp_path, tw
     assert "splits.json" in r.stderr and options["secret_access_key"] not in r.stderr
     r = preprocess_two_classes(two_class_pngs, cli_url, "--resume", env=env)
     assert r.returncode == 0 and "complete already" in r.stdout, r.stderr
+
+
+def test_a_task_given_up_on_leaves_no_staged_shard_even_after_the_next_run_ended(s3, tmp_path):  # noqa: F811
+    # On a Dask cluster, a task still running when its run was interrupted uploaded its staged shard after the
+    # resumed run had cleaned .tasks/ and finished: a stray object in the finished dataset (found by a review)
+    _, client, options = s3
+    url = f"s3://{BUCKET}/out-tasks"
+    fields = [Field("x", "uint8", (4,))]
+    records = [RecordEncoder(fields).encode({"x": np.full(4, i, np.uint8)}) for i in range(3)]
+    binding = (fields, "00112233445566778899aabbccddeeff")
+    interrupted = RemoteShards(url, url, options)  # the driver of the interrupted run
+    interrupted.clean_staged()
+    interrupted.open_staging()
+    task = pickle.loads(pickle.dumps(interrupted))  # what its task got
+    info, key = task.stage(0, records, binding)  # while the run is open: kept, for the driver to commit
+    assert key.startswith(".tasks/") and f"out-tasks/{key}" in objects_named(client, "out-tasks/.tasks/")
+    resumed = RemoteShards(url, url, options)  # the next run: cleans at its start and at its end
+    resumed.clean_staged()
+    assert objects_named(client, "out-tasks/.tasks/") == []
+    resumed.open_staging()
+    late_info, late_key = task.stage(1, records, binding)  # the old task's upload ends after the clean
+    assert late_info.count == 3 and objects_named(client, "out-tasks/.tasks/") == \
+        [f"out-tasks/.tasks/{resumed._run}.open"]  # it deleted what it uploaded: its run's mark is gone
+    resumed.commit(pickle.loads(pickle.dumps(resumed)).stage(0, records, binding))  # the resumed run's own task
+    resumed.clean_staged()
+    assert objects_named(client, "out-tasks/") == ["out-tasks/shard-00000.lmdb"]
+
+
+def objects_named(client, prefix: str) -> list[str]:
+    return sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", []))

@@ -40,6 +40,7 @@ from ._shard_writer import fsync_file, write_shard
 
 Binding = tuple[Sequence[Field], str]  # (schema, dataset id)
 TASKS_DIR = ".tasks"  # in an output directory: the shards that tasks wrote and the driver has not committed
+_OPEN_MARK = ".open"  # RemoteShards: .tasks/<run>.open, there while the run's tasks may stage
 _CLEAN_TRIES = 100  # deleting TASKS_DIR while tasks given up on may still write in it
 # A shard a task wrote: its entry, and where it lies until it is committed (a path under TASKS_DIR, or "").
 Staged = tuple[ShardInfo, str]
@@ -151,31 +152,50 @@ class LocalShards:
 class RemoteShards:
     """Shards uploaded under a URL of object storage, each built in a local temporary directory first.
 
-    A task uploads its shard under a key of its own (``.tasks/<attempt>/shard-NNNNN.lmdb``); the driver
-    commits it with a server-side copy to the shard's name (S3's CopyObject: up to 5 GB) and deletes
-    the staged key. A task still running after the driver gave up on it (a replan, Ctrl-C) can write
-    only its own staged key, never a shard's name. ``root``: the URL of the whole output (a split's
-    shards go under ``root/train``), whose manifests are deleted before the first shard gets its name.
+    A task uploads its shard under a key of its own (``.tasks/<run>/<attempt>/shard-NNNNN.lmdb``); the
+    driver commits it with a server-side copy to the shard's name (S3's CopyObject: up to 5 GB) and
+    deletes the staged key. A task still running after the driver gave up on it (a replan, Ctrl-C) can
+    write only its own staged key, never a shard's name. ``root``: the URL of the whole output (a
+    split's shards go under ``root/train``), whose manifests are deleted before the first shard gets its
+    name.
+
+    A bucket has no folder whose deletion stops such a task (``LocalShards``): the run's open mark
+    (``.tasks/<run>.open``) stands in for it. ``clean_staged`` deletes every mark, then every staged key;
+    a task that finds its run's mark gone after its upload deletes what it uploaded. Either the
+    clean's listing comes after the upload (and deletes it), or the mark was gone before the task
+    looked: no staged key outlives a run, not even one of a task that ends after a later run finished.
     """
 
     def __init__(self, url: str, root: str, options: StorageOptions) -> None:
         self.folder = RemoteFolder(url, options)  # its store is opened once per process (RemoteFolder.root)
         self.root = root
         self._retired = False  # the old dataset's manifests deleted (in the driver)
+        self._run = uuid.uuid4().hex  # made in the driver; its tasks get it with the rest of this object
 
     def clean_staged(self) -> None:
-        """Delete what tasks of this or an earlier run staged under ``.tasks/`` and nobody committed."""
+        """Delete what tasks of this or an earlier run staged under ``.tasks/`` and nobody committed.
+
+        The runs' open marks go first: a task whose upload ends after the second listing finds its mark gone.
+        """
         obstore, root = _obstore(), self.folder.root
 
         def staged() -> list[str]:
             return [str(meta["path"]) for batch in obstore.list(root.store, prefix=TASKS_DIR + "/") for meta in batch]
 
+        marks = [name for name in root.call(TASKS_DIR + "/", "LIST", staged) if name.endswith(_OPEN_MARK)]
+        if marks:
+            root.call(TASKS_DIR + "/", "DELETE", lambda: obstore.delete(root.store, marks))
         names = root.call(TASKS_DIR + "/", "LIST", staged)
         if names:
             root.call(TASKS_DIR + "/", "DELETE", lambda: obstore.delete(root.store, names))
 
     def open_staging(self) -> None:
-        """Nothing to make: a staged key needs no folder."""
+        """Put this run's open mark: while it is there, its tasks keep what they stage."""
+        obstore, root, mark = _obstore(), self.folder.root, self._mark()
+        root.call(mark, "PUT", lambda: obstore.put(root.store, mark, b""))
+
+    def _mark(self) -> str:
+        return f"{TASKS_DIR}/{self._run}{_OPEN_MARK}"
 
     def write(self, index: int, records: Sequence[bytes], binding: Binding) -> ShardInfo:
         """Build shard ``index`` locally, upload it under its name (multipart when large) and check its size."""
@@ -189,8 +209,12 @@ class RemoteShards:
         """Build shard ``index`` locally and upload it under ``.tasks/<this attempt>/``."""
         with tempfile.TemporaryDirectory(prefix="fastload-shard-") as tmp:
             info = write_shard(tmp, index, records, binding, durable=False)
-            key = f"{TASKS_DIR}/{uuid.uuid4().hex}/{info.file}"
+            key = f"{TASKS_DIR}/{self._run}/{uuid.uuid4().hex}/{info.file}"
             upload_file(self.folder.root, key, Path(tmp, info.file))
+        root = self.folder.root
+        if not root.exists(self._mark()):  # the run ended or was given up on: nobody commits this key
+            obstore = _obstore()
+            root.call(key, "DELETE", lambda: obstore.delete(root.store, key))
         return info, key
 
     def commit(self, staged: Staged) -> None:
