@@ -269,3 +269,68 @@ def test_write_dataset_codec_auto_prints_and_records_its_choice(tmp_path, capsys
     m = fastload.write_dataset(Photos(), tmp_path / "lossy", codec={"image": "auto"}, layout="hwc", prefer="size",
                                lossy_ok=True, progress=False)
     assert "jpeg" in [t["codec"] for t in m.provenance["codec_choice"]["image"]["trials"]]
+
+
+USER_FOLDERS = {  # what a folder of the user's may hold that a looser rule took for a run's (a review)
+    "shard-like-file": {"shard-notes.txt": "n"},
+    "shard-like-folder": {"shard-backup/thesis.tex": "t"},
+    "dot-shard-file": {".shard-keys": "k"},
+    "tasks-file": {".tasks": "x"},
+    "tasks-with-notes": {".tasks/todo.md": "x"},
+    "split-with-nested": {"train/shard-x/deep.txt": "d"},
+    "splits-json-and-images": {"splits.json": "{}", "images/a.png": "p"},
+    "journal-and-readme": {"val/.progress.json": "{}", "README.md": "r"},
+    "manifest-and-page": {"manifest.json": "{}", "index.html": "h"},
+    "temp-and-notes": {"..progress.json.tmp": "{", "notes.txt": "n"},
+}
+
+
+@pytest.mark.parametrize("layout", sorted(USER_FOLDERS))
+def test_overwrite_and_resume_refuse_a_folder_holding_what_no_run_writes(tmp_path, layout):
+    from fastload.preprocess import main as preprocess_main
+
+    folder = tmp_path / "mine"
+    for name, text in USER_FOLDERS[layout].items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    before = files_of(folder)
+    arrays = {"x": np.zeros((4, 3), np.uint8)}
+    with pytest.raises(FileExistsError, match=r"not a fastload dataset \(.* is not a file a run writes\)"):
+        fastload.write_arrays(folder, arrays, samples_per_shard=2, overwrite=True)
+    with pytest.raises(FileExistsError, match="not a fastload dataset"):
+        fastload.write_dataset([{"x": np.zeros(3, np.uint8)}], folder, samples_per_shard=2, overwrite=True,
+                               progress=False)
+    if layout not in ("splits-json-and-images", "journal-and-readme", "manifest-and-page"):  # these record a run
+        with pytest.raises(FileExistsError, match="refusing to resume into it"):
+            fastload.write_dataset([{"x": np.zeros(3, np.uint8)}], folder, samples_per_shard=2, resume=True,
+                                   progress=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    np.save(data / "a.npy", np.zeros((32, 32), np.uint8))
+    assert preprocess_main(["--data-dir", str(data), "--output-dir", str(folder), "--tile-size", "16",
+                            "--no-progress", "--overwrite"]) == 2
+    assert files_of(folder) == before
+
+
+def test_links_in_an_output_folder_are_never_taken_for_a_run_s(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    fastload.write_arrays(elsewhere, {"x": np.zeros((4, 3), np.uint8)}, samples_per_shard=2)
+    kept = files_of(elsewhere)
+    for link in (".tasks", "train", "shard-00000.lmdb"):
+        folder = tmp_path / f"with-{link.strip('.')}"
+        folder.mkdir()
+        (folder / link).symlink_to(elsewhere if link != "shard-00000.lmdb" else elsewhere / link)
+        with pytest.raises(FileExistsError, match=f"{link} is not a file a run writes"):
+            fastload.write_arrays(folder, {"x": np.zeros((4, 3), np.uint8)}, samples_per_shard=2, overwrite=True)
+        assert (folder / link).is_symlink() and files_of(elsewhere) == kept
+
+
+def test_resume_over_a_damaged_manifest_names_it_and_keeps_the_journal(tmp_path):
+    out = tmp_path / "ds"
+    source = [{"x": np.full(3, i, np.uint8)} for i in range(6)]
+    fastload.write_dataset(source, out, samples_per_shard=2, progress=False)
+    (out / ".progress.json").write_text('{"shards": []}')  # a journal a Ctrl-C left beside the manifest
+    (out / "manifest.json").write_text("{")
+    with pytest.raises(fastload.errors.DatasetError, match="manifest"):
+        fastload.write_dataset(source, out, samples_per_shard=2, progress=False, resume=True)
+    assert (out / ".progress.json").exists()

@@ -27,7 +27,7 @@ from ..format._scenes import (
     check_windows,
 )
 from ._auto import Choice, choose_codec, sample_indices
-from ._output_dir import is_run_output
+from ._output_dir import foreign_entry
 from ._samples import check_sample_bytes
 from ._shard_labels import label_histogram, shard_labels_doc
 from ._shard_writer import dataset_id, write_shard
@@ -75,8 +75,10 @@ def write_arrays(out_dir: str | os.PathLike, arrays: Mapping[str, np.ndarray], c
     if replace:
         if not overwrite:
             raise FileExistsError(f"{out}: exists and is not empty (pass overwrite=True)")
-        if not is_run_output(out):
-            raise FileExistsError(f"{out}: not a fastload dataset; refusing to overwrite it")
+        foreign = foreign_entry(out)
+        if foreign is not None:
+            raise FileExistsError(f"{out}: not a fastload dataset ({foreign.relative_to(out)} is not a file a run "
+                                  "writes); refusing to overwrite it")
     if not arrays:
         raise ArgumentError("write_arrays needs at least one field")
     if samples_per_shard < 1:

@@ -56,8 +56,8 @@ from ._cli_options import ZSTD_LEVELS, UsageError, parse_size
 from ._dask_map import check_client, describe
 from ._dataset_writer import ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
-from ._journal import drop_finished_journal
-from ._output_dir import is_run_output
+from ._journal import PROGRESS_NAME, drop_finished_journal
+from ._output_dir import foreign_entry, records_a_run
 from ._remote_output import check_resume_options_at, direct_target, publish_output, stage_output
 from ._run_record import check_resume_options
 from ._samples import check_names, check_sample, check_sample_bytes, sample_arrays
@@ -123,12 +123,19 @@ def _is_map_style(source: Any) -> bool:
 
 
 def _prepare(out: Path, overwrite: bool, resume: bool) -> None:
-    if not out.exists() or not any(out.iterdir()) or resume:
+    if not out.exists() or not any(out.iterdir()):
+        return
+    foreign = foreign_entry(out)
+    if resume:
+        if foreign is not None and not records_a_run(out):
+            raise FileExistsError(f"{out}: not a fastload dataset (no {MANIFEST_NAME} or {PROGRESS_NAME}, and "
+                                  f"{foreign.relative_to(out)}, which no run writes); refusing to resume into it")
         return
     if not overwrite:
         raise FileExistsError(f"{out}: exists and is not empty (pass overwrite=True, or resume=True to continue)")
-    if not is_run_output(out):
-        raise FileExistsError(f"{out}: not a fastload dataset; refusing to overwrite it")
+    if foreign is not None:
+        raise FileExistsError(f"{out}: not a fastload dataset ({foreign.relative_to(out)} is not a file a run "
+                              "writes); refusing to overwrite it")
     shutil.rmtree(out)
 
 
@@ -284,8 +291,9 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
     if resume and (out / MANIFEST_NAME).exists():
         from ..format._manifest import load_manifest
 
+        manifest = load_manifest(out)  # checked before the journal goes: a damaged manifest keeps it
         drop_finished_journal(out)
-        return load_manifest(out)
+        return manifest
 
     tuple_names = tuple(names) if names is not None else None
     if map_style:

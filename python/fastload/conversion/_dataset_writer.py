@@ -24,6 +24,7 @@ from ..format._record import FORMAT_VERSION
 from ._encode import encode_picked, encode_source
 from ._images import undecodable_error
 from ._journal import Journal
+from ._output_dir import JSON_TEMPS, is_shard_file_name
 from ._parallel import ordered_map
 from ._picks import each_error
 from ._planned_writer import write_first_planned, write_planned
@@ -217,8 +218,8 @@ def _partner_line(job: WriteJob, source: Source, versions: bool) -> str:
 def _clean_partial_files(out_dir: Path, keep: set[str]) -> None:
     for path in out_dir.iterdir():
         name = path.name
-        ours = name.startswith("shard-") or name.endswith((".build", ".compact", ".tmp"))
-        if path.is_file() and ours and name not in keep:
+        ours = is_shard_file_name(name) or name in JSON_TEMPS
+        if path.is_file() and not path.is_symlink() and ours and name not in keep:
             path.unlink()
 
 

@@ -34,7 +34,7 @@ from ..format._codecs import (
     default_options,
 )
 from ..format._dtypes import NUMPY_DTYPES, dtype_name
-from ..format._manifest import MANIFEST_NAME
+from ..format._manifest import MANIFEST_NAME, load_manifest
 from ..format._record import Field
 from ..format._splits import SPLITS_NAME, write_splits
 from ..storage import RemoteFolder, is_remote, redact
@@ -55,7 +55,7 @@ from ._hdf5 import StackInfo, StackSettings
 from ._images import PILLOW_MODES, ImageInfo, ImageReadError
 from ._journal import PROGRESS_NAME, drop_finished_journal
 from ._label_csv import labels_from_csv
-from ._output_dir import leftovers_only, records_a_run, run_files_only
+from ._output_dir import foreign_entry, leftovers_only, records_a_run
 from ._partner_plan import (
     check_ignore_index,
     check_partners_consistent,
@@ -200,13 +200,14 @@ def _prepare_output(out: Path, overwrite: bool, resume: bool, argv: list[str] | 
     if not out.exists() or not any(out.iterdir()):
         return
     recorded = records_a_run(out)
-    looks_ours = recorded or run_files_only(out)
+    foreign = foreign_entry(out)
     if resume:
         if not recorded and leftovers_only(out):  # interrupted before its first shard: nothing to keep
             print(f"{out}: nothing completed yet: starting the run")
-        elif not looks_ours:
-            raise UsageError(f"{out}: not a fastload output (no {PROGRESS_NAME} or {MANIFEST_NAME}, and files of "
-                             f"its own); pass another --output-dir: {_rerun(argv, '--resume', other_output=True)}")
+        elif not recorded and foreign is not None:
+            raise UsageError(f"{out}: not a fastload output (no {PROGRESS_NAME} or {MANIFEST_NAME}, and "
+                             f"{foreign.relative_to(out)}, which no run writes); pass another --output-dir: "
+                             f"{_rerun(argv, '--resume', other_output=True)}")
         return
     if not overwrite:
         if not recorded and leftovers_only(out):
@@ -214,9 +215,10 @@ def _prepare_output(out: Path, overwrite: bool, resume: bool, argv: list[str] | 
                              f"start it with: {_rerun(argv, '--resume')}")
         raise UsageError(f"{out}: exists and is not empty; replace it with: {_rerun(argv, '--overwrite')}\n"
                          f"or continue an interrupted run with: {_rerun(argv, '--resume')}")
-    if not looks_ours:
-        raise UsageError(f"{out}: not a fastload output directory; refusing to delete it with --overwrite; pass "
-                         f"another --output-dir: {_rerun(argv, '--overwrite', other_output=True)}")
+    if foreign is not None:
+        raise UsageError(f"{out}: not a fastload output directory ({foreign.relative_to(out)} is not a file a run "
+                         f"writes); refusing to delete it with --overwrite; pass another --output-dir: "
+                         f"{_rerun(argv, '--overwrite', other_output=True)}")
     shutil.rmtree(out)
 
 
@@ -482,6 +484,7 @@ def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc
     for plan in plans:
         out = args.output_dir / plan.name if plan.name else args.output_dir
         if args.resume and (out / MANIFEST_NAME).exists():
+            load_manifest(out)  # a damaged one is named (DatasetError), and the journal kept
             drop_finished_journal(out)
             print(f"{out}: already complete")
             continue
