@@ -181,11 +181,15 @@ def test_resume_and_overwrite_at_a_url_behave_as_for_a_directory(s3, tmp_path, m
     with pytest.raises(FileExistsError, match="interrupted conversion to it is staged"):
         fastload.write_dataset(samples(200), url, **common)
     assert fastload.write_dataset(samples(200), url, resume=True, **common).total == 200
-    client.put_object(Bucket=BUCKET, Key="out-d/test/manifest.json", Body=b"{}")  # an older layout's split
+    client.put_object(Bucket=BUCKET, Key="out-d/train/manifest.json", Body=b"{}")  # an old layout's split
+    client.put_object(Bucket=BUCKET, Key="out-d/train/shard-00000.lmdb", Body=b"x")
     client.put_object(Bucket=BUCKET, Key="out-d/splits.json", Body=b"{}")
+    client.put_object(Bucket=BUCKET, Key="out-d/test/manifest.json", Body=b"{}")  # no split fastload writes
     fastload.write_dataset(samples(60), url, overwrite=True, **common)
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="out-d/")["Contents"]}
-    assert "out-d/test/manifest.json" not in keys and "out-d/splits.json" not in keys
+    assert not keys & {"out-d/train/manifest.json", "out-d/train/shard-00000.lmdb", "out-d/splits.json"}
+    assert "out-d/test/manifest.json" in keys  # not the dataset's: never touched
+    keys.discard("out-d/test/manifest.json")
     assert sorted(k for k in keys if k.endswith(".lmdb")) == ["out-d/shard-00000.lmdb", "out-d/shard-00001.lmdb"]
     assert len(fastload.ShardDataset(url, storage_options=options, cache_dir=tmp_path / "read")) == 60
     assert publish_module.staging_dir(tmp_path, url).exists() is False
@@ -231,6 +235,8 @@ def test_resume_of_a_finished_url_with_other_options_is_refused(s3, tmp_path, tw
 
     cli_url = f"s3://{BUCKET}/out-opts-cli"  # with splits: the options recorded in splits.json
     env = {**s3_env(s3), "FASTLOAD_CACHE_DIR": str(tmp_path / "cli-cache")}
+    missing = preprocess_two_classes(tmp_path / "no-such-folder", cli_url, env=env)
+    assert missing.returncode != 0 and "no-such-folder" in missing.stderr  # refused: marks nothing started
     assert preprocess_two_classes(two_class_pngs, cli_url, env=env).returncode == 0
     r = preprocess_two_classes(two_class_pngs, cli_url, "--tile-size", "16", "--resume", env=env)
     assert r.returncode == 2 and "--tile-size: recorded 32x32, now 16x16" in r.stderr, r.stderr
@@ -267,3 +273,44 @@ def test_a_task_given_up_on_leaves_no_staged_shard_even_after_the_next_run_ended
 
 def objects_named(client, prefix: str) -> list[str]:
     return sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", []))
+
+
+def test_a_url_holding_other_objects_is_written_beside_them_only_when_asked(s3, tmp_path):  # noqa: F811
+    # Writing to a URL deleted another dataset in a folder of it, and any .lmdb under it, without overwrite
+    _, client, options = s3
+    common = {"samples_per_shard": 5, "progress": False, "storage_options": options, "cache_dir": tmp_path}
+    child = f"s3://{BUCKET}/parent/child"
+    fastload.write_dataset(samples(12), child, **common)
+    client.put_object(Bucket=BUCKET, Key="parent/notes/model.lmdb", Body=b"weights")
+    before = objects(client, "parent")
+    with pytest.raises(FileExistsError, match="is not empty and holds no dataset"):
+        fastload.write_dataset(samples(7), f"s3://{BUCKET}/parent", **common)
+    with pytest.raises(FileExistsError, match="is not empty and holds no dataset"):
+        fastload.write_dataset(samples(7), f"s3://{BUCKET}/parent", resume=True, **common)
+    assert objects(client, "parent") == before
+    fastload.write_dataset(samples(7), f"s3://{BUCKET}/parent", overwrite=True, **common)
+    after = objects(client, "parent")
+    assert all(after[name] == data for name, data in before.items())  # every object there before, unchanged
+    assert len(fastload.ShardDataset(child, storage_options=options, cache_dir=tmp_path / "r1")) == 12
+    assert len(fastload.ShardDataset(f"s3://{BUCKET}/parent", storage_options=options,
+                                     cache_dir=tmp_path / "r2")) == 7
+
+
+def test_a_call_refused_for_its_arguments_changes_nothing_at_a_url(s3, tmp_path):  # noqa: F811
+    # The started mark was made before the arguments were checked: the next plain call was refused as
+    # "an interrupted conversion to it is staged", and an overwrite refused for a typo was later resumed
+    _, client, options = s3
+    common = {"samples_per_shard": 5, "progress": False, "storage_options": options, "cache_dir": tmp_path}
+    url = f"s3://{BUCKET}/out-typo"
+    with pytest.raises(ArgumentError, match="unknown codec"):
+        fastload.write_dataset(samples(12), url, codec="bogus", **common)
+    fastload.write_dataset(samples(12), url, **common)
+    before = objects(client, "out-typo")
+    with pytest.raises(ArgumentError, match="unknown codec"):
+        fastload.write_dataset(samples(30), url, codec="bogus", overwrite=True, **common)
+    assert fastload.write_dataset(samples(12), url, resume=True, **common).total == 12
+    assert objects(client, "out-typo") == before
+    assert not list((tmp_path / "publish").iterdir())
+    client.put_object(Bucket=BUCKET, Key="out-typo/splits.json", Body=b"{}")  # records no options: the manifest does
+    with pytest.raises(ArgumentError, match="samples-per-shard: recorded 5, now 6"):
+        fastload.write_dataset(samples(12), url, resume=True, **{**common, "samples_per_shard": 6})

@@ -58,7 +58,7 @@ from ._dataset_writer import ShardLimits, Task, WriteJob
 from ._dataset_writer import write_dataset as write_job
 from ._journal import PROGRESS_NAME, drop_finished_journal
 from ._output_dir import foreign_entry, records_a_run
-from ._remote_output import check_resume_options_at, direct_target, publish_output, stage_output
+from ._remote_output import begin_staged_run, check_resume_options_at, direct_target, publish_output, stage_output
 from ._run_record import check_resume_options
 from ._samples import check_names, check_sample, check_sample_bytes, sample_arrays
 from ._shard_targets import RemoteShards
@@ -208,7 +208,8 @@ def write_dataset(source: Any, out_dir: str | os.PathLike, *, codec: str | Mappi
         if staging is None:  # resume=True, and the URL holds the finished dataset: its options are checked
             return _write(source, out_dir, overwrite=False, target=None, complete_at=(out_dir, storage), **options)
         target = direct_target(out_dir, storage, client)  # on a cluster the tasks upload the shards themselves
-        manifest = _write(source, staging, overwrite=False, target=target, **options)
+        manifest = _write(source, staging, overwrite=False, target=target,
+                          begin=functools.partial(begin_staged_run, staging, overwrite), **options)
         publish_output(staging, out_dir, storage, progress)
         return manifest
     if storage_options is not None or cache_dir is not None:
@@ -222,12 +223,14 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
            names: Sequence[str] | None, progress: bool, layout: str | None, quality: int | None,
            subsampling: str | None, prefer: str, lossy_ok: bool, client: Any,
            target: RemoteShards | None, order: str | None, seed: int,
-           scenes: Sequence[Any] | None = None, complete_at: tuple[str, Any] | None = None) -> Manifest:
+           scenes: Sequence[Any] | None = None, complete_at: tuple[str, Any] | None = None,
+           begin: Callable[[], None] | None = None) -> Manifest:
     """``write_dataset`` into a local directory; the shards go to ``target`` when given (a URL's, on a cluster).
 
     ``complete_at``: (URL, storage options) of a finished dataset that ``resume`` finds there with nothing
     staged: the arguments are checked, then the options against those it records, and its manifest is
-    returned.
+    returned. ``begin``: called once the arguments are checked, before the directory is prepared (a
+    URL's staging directory: ``begin_staged_run``).
     """
     names = check_names(names)
     items = scene_items(scenes, "write_dataset", ArgumentError) if scenes is not None else None
@@ -287,6 +290,8 @@ def _write(source: Any, out_dir: str | os.PathLike, *, codec: str | Mapping[str,
             check_resume_options(out, options)
     except UsageError as err:
         raise ArgumentError(str(err).replace("--resume", "resume=True")) from None
+    if begin is not None:
+        begin()
     _prepare(out, overwrite, resume)
     if resume and (out / MANIFEST_NAME).exists():
         from ..format._manifest import load_manifest

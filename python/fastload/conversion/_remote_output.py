@@ -14,15 +14,16 @@ from ..storage._publish import (
     checked_staging_dir,
     clear_staging,
     finish_publish,
+    first_object,
     is_staged,
     mark_started,
     publish,
-    read_remote_record,
+    read_remote_json,
     remote_dataset_exists,
     remove_staging,
 )
 from ..storage._urls import join_url
-from ._run_record import check_options_match, recorded_options_of
+from ._run_record import RECORDING_FILES, check_options_match, recorded_options_of
 from ._shard_targets import RemoteShards
 
 
@@ -50,10 +51,24 @@ def stage_output(url: str, storage_options: Mapping[str, Any] | None, cache_dir:
                 return None, spec.storage_options
             raise FileExistsError(f"{redact(url)}: holds a dataset (pass overwrite=True / --overwrite to replace "
                                   "it)")
-    mark_started(staging)  # before anything is written: a resume continues this run, not the URL's old dataset
+        other = None if staged else first_object(url, spec.storage_options)
+        if other is not None:  # as a directory that is not empty: another dataset in a folder of it, files
+            raise FileExistsError(f"{redact(url)}: is not empty and holds no dataset ({other} is there); pass "
+                                  "another URL, or overwrite=True / --overwrite to write the dataset beside what "
+                                  "is there (a dataset's own files are the only ones ever replaced or deleted)")
+    return staging, spec.storage_options
+
+
+def begin_staged_run(staging: Path, overwrite: bool) -> None:
+    """Mark the conversion into ``staging`` started, and with ``overwrite`` delete an earlier one staged there.
+
+    Called once the call's arguments are checked, before anything is written (where a local
+    ``overwrite`` deletes the old directory): a call refused for its arguments changes nothing,
+    and from here a ``resume`` continues this run, never taking the URL's old dataset for it.
+    """
+    mark_started(staging)
     if overwrite:
         clear_staging(staging)
-    return staging, spec.storage_options
 
 
 def check_resume_options_at(url: str, storage: StorageOptions, options: dict[str, Any]) -> None:
@@ -62,10 +77,11 @@ def check_resume_options_at(url: str, storage: StorageOptions, options: dict[str
     What ``check_resume_options`` checks for a local directory, for ``resume`` of a URL that holds
     its finished dataset and nothing staged (nothing recorded there: no check).
     """
-    found = read_remote_record(url, storage)
-    recorded = recorded_options_of(found[1]) if found is not None else None
-    if found is not None and recorded is not None:
-        check_options_match(redact(url), found[0], recorded, options)
+    for name in RECORDING_FILES:  # as for a directory: the first that records options
+        recorded = recorded_options_of(read_remote_json(url, storage, name))
+        if recorded is not None:
+            check_options_match(redact(url), name, recorded, options)
+            return
 
 
 def direct_target(url: str, storage: StorageOptions, client: Any, split: str = "") -> RemoteShards | None:

@@ -17,6 +17,9 @@ from ..format._splits import SPLITS_NAME
 from ._cli_options import UsageError
 from ._journal import PROGRESS_NAME
 
+# A finished run's files that record its options, in the order they are looked at (a URL holds only these).
+RECORDING_FILES = (SPLITS_NAME, MANIFEST_NAME, f"train/{MANIFEST_NAME}", f"val/{MANIFEST_NAME}")
+
 
 def _recorded_options(out: Path) -> tuple[Path, dict[str, Any]] | None:
     candidates = [out / SPLITS_NAME, out / MANIFEST_NAME, out / PROGRESS_NAME]

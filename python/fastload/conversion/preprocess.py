@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import os
 import shlex
 import shutil
@@ -75,7 +76,13 @@ from ._preprocess_plan import (
     warn_lopsided_classes,
     warn_no_tiles,
 )
-from ._remote_output import check_resume_options_at, direct_target, publish_output, stage_output
+from ._remote_output import (
+    begin_staged_run,
+    check_resume_options_at,
+    direct_target,
+    publish_output,
+    stage_output,
+)
 from ._run_record import check_resume_options
 from ._sources import (
     Source,
@@ -386,18 +393,23 @@ def _run_to_url(args: argparse.Namespace, client: Any, url: str) -> list[WriteRe
         check_resume_options_at(url, storage, _option_doc(args))
         print(f"{redact(url)}: complete already; nothing to do")
         return []
-    args.output_dir, args.overwrite, saved = staging, False, args.absolute_source_root
-    args.absolute_source_root, args.publish_to = True, (url, storage)
+    overwrite, saved = args.overwrite, args.absolute_source_root
+    args.output_dir, args.overwrite, args.absolute_source_root, args.publish_to = staging, False, True, (url, storage)
+    args.begin_staged = functools.partial(begin_staged_run, staging, overwrite)  # by _run, once options are checked
     try:
         results = run(args, client)
     finally:
-        args.output_dir, args.absolute_source_root, args.publish_to = url, saved, None
+        args.output_dir, args.overwrite, args.absolute_source_root, args.publish_to = url, overwrite, saved, None
+        args.begin_staged = None
     publish_output(staging, url, storage, progress=not args.no_progress, summary=True)
     return results
 
 
 def _run(args: argparse.Namespace, client: Any, data_dir: Path | str, option_doc: dict[str, Any],
          sources: list[Source], classes: list[str] | None, remote: RemoteFolder | None) -> list[WriteResult]:
+    begin = getattr(args, "begin_staged", None)
+    if begin is not None:
+        begin()
     _prepare_output(args.output_dir, args.overwrite, args.resume, getattr(args, "argv", None))
 
     labelled = bool(args.labels or args.labels_from_dirs or args.h5_labels)

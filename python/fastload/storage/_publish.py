@@ -6,7 +6,7 @@ under the cache (``<cache_dir>/publish/<name>-<hash of the URL>``, :func:`stagin
 are those of a local run and ``resume`` works as locally (the staging directory keeps the journal).
 :func:`publish` then uploads it:
 
-1. any manifest or ``splits.json`` already at the URL is deleted first (``overwrite``): from then
+1. the manifests and ``splits.json`` already at the URL are deleted first (``overwrite``): from then
    on the old dataset no longer looks complete, and no reader mixes its manifest with new shards;
 2. every shard (every file but the manifests and ``splits.json``), each a single PUT or, above
    obstore's part size, a multipart upload, which the store makes visible only when it completes
@@ -14,8 +14,8 @@ are those of a local run and ``resume`` works as locally (the staging directory 
    its size (HEAD);
 3. the manifests last (each split's, then ``splits.json``): a reader never sees a manifest whose
    shards are not all there;
-4. an older dataset's shards (``*.lmdb``) that the new one does not have are deleted; nothing else
-   under the URL is touched.
+4. an older dataset's shards that the new one does not have are deleted; nothing else under the
+   URL is touched (``_a_dataset_s`` says what is the dataset's).
 
 A failed request is retried by obstore (bounded, as for reads), then a RemoteError names the URL. An
 interrupted publish leaves no manifest at the URL: the dataset looks incomplete, and a rerun (with
@@ -41,6 +41,8 @@ from ._cache_fs import check_cache_dir, real_dir, remove_tree
 from ._client import RemoteRoot, StorageOptions, _obstore
 from ._urls import redact
 
+SPLIT_FOLDERS = ("train", "val")  # where a dataset with splits keeps them (format/_splits.py)
+_SHARD_FILE = re.compile(r"shard-\d{5,}\.lmdb")
 _LAST = (MANIFEST_NAME, SPLITS_NAME)  # uploaded after every other file, splits.json after the manifests
 
 
@@ -146,7 +148,7 @@ def publish(local: Path, url: str, options: StorageOptions, progress: bool = Fal
             sent += size
             bar.update(size)
     for name in _listed(root, obstore):  # an older dataset's shards that this one does not have
-        if name.endswith(".lmdb") and name not in staged and name not in elsewhere:
+        if _a_dataset_s(name, ("shard",)) and name not in staged and name not in elsewhere:
             _delete(root, obstore, name)
     return sent
 
@@ -190,9 +192,38 @@ def _listed(root: RemoteRoot, obstore: Any) -> list[str]:
     return root.call("", "LIST", names)
 
 
+def first_object(url: str, options: StorageOptions) -> str | None:
+    """Return the name of one object under ``url`` (one LIST page), None where it holds none."""
+    obstore = _obstore()
+    root = RemoteRoot(url, options)
+
+    def first() -> str | None:
+        for batch in obstore.list(root.store, chunk_size=1):
+            for meta in batch:
+                return str(meta["path"])
+        return None
+
+    return root.call("", "LIST", first)
+
+
+def _a_dataset_s(name: str, kinds: tuple[str, ...]) -> bool:
+    """Return whether object ``name`` is a file of the dataset at the URL, of ``kinds`` ("json", "shard").
+
+    Its root's manifest and ``splits.json``, its splits' (``train/``, ``val/``) manifests, and the shards
+    (``shard-NNNNN.lmdb``) of each: what ``publish`` may delete. Anything else under the URL (another
+    dataset in a folder of it, the user's files) is never touched.
+    """
+    folder, _, file = name.rpartition("/")
+    if folder not in ("", *SPLIT_FOLDERS):
+        return False
+    if "json" in kinds and (file == MANIFEST_NAME or (folder == "" and file == SPLITS_NAME)):
+        return True
+    return "shard" in kinds and _SHARD_FILE.fullmatch(file) is not None
+
+
 def _manifests_at(root: RemoteRoot, obstore: Any) -> list[str]:
-    """Return every manifest and ``splits.json`` under the URL (an old layout's splits included), splits first."""
-    return sorted((n for n in _listed(root, obstore) if n.rsplit("/", 1)[-1] in _LAST),
+    """Return the dataset's manifests and ``splits.json`` under the URL (its splits' too), splits first."""
+    return sorted((n for n in _listed(root, obstore) if _a_dataset_s(n, ("json",))),
                   key=lambda n: (not n.endswith(SPLITS_NAME), n.count("/"), n))
 
 
@@ -207,25 +238,23 @@ def read_remote_manifest(url: str, options: StorageOptions) -> Manifest:
             raise DatasetError(str(err).replace(tmp, redact(url))) from None
 
 
-def read_remote_record(url: str, options: StorageOptions) -> tuple[str, Any] | None:
-    """Return (name, document) of the file at ``url`` that records its conversion's options.
+def read_remote_json(url: str, options: StorageOptions, name: str) -> Any | None:
+    """Return the JSON document ``name`` (a manifest or ``splits.json``) under ``url``, None where there is none.
 
-    ``splits.json`` of a dataset with splits, else ``manifest.json``; None where neither is. Read
-    bounded and strict, as a local one is.
+    Read bounded and strict, as a local one is (DatasetError naming the URL otherwise).
     """
     root = RemoteRoot(url, options)
-    for name in (SPLITS_NAME, MANIFEST_NAME):
+    try:
+        data = root.read_bytes(name, MAX_MANIFEST_BYTES)
+    except RemoteNotFoundError:
+        return None
+    with tempfile.TemporaryDirectory(prefix="fastload-manifest-") as tmp:
+        path = Path(tmp, name.replace("/", "-"))
+        path.write_bytes(data)
         try:
-            data = root.read_bytes(name, MAX_MANIFEST_BYTES)
-        except RemoteNotFoundError:
-            continue
-        with tempfile.TemporaryDirectory(prefix="fastload-manifest-") as tmp:
-            Path(tmp, name).write_bytes(data)
-            try:
-                return name, load_strict(Path(tmp, name), MAX_MANIFEST_BYTES, name)
-            except DatasetError as err:
-                raise DatasetError(str(err).replace(tmp, redact(url))) from None
-    return None
+            return load_strict(path, MAX_MANIFEST_BYTES, name)
+        except DatasetError as err:
+            raise DatasetError(str(err).replace(str(path), root.url_of(name))) from None
 
 
 def _delete(root: RemoteRoot, obstore: Any, name: str) -> None:
