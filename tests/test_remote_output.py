@@ -243,6 +243,9 @@ def test_resume_of_a_finished_url_with_other_options_is_refused(s3, tmp_path, tw
     assert "splits.json" in r.stderr and options["secret_access_key"] not in r.stderr
     r = preprocess_two_classes(two_class_pngs, cli_url, "--resume", env=env)
     assert r.returncode == 0 and "complete already" in r.stdout, r.stderr
+    client.put_object(Bucket=BUCKET, Key="out-opts-cli/train/manifest.json", Body=b"{")  # damaged since
+    r = preprocess_two_classes(two_class_pngs, cli_url, "--resume", env=env)
+    assert r.returncode == 1 and "out-opts-cli/train/manifest.json" in r.stderr and "complete" not in r.stdout
 
 
 def test_a_task_given_up_on_leaves_no_staged_shard_even_after_the_next_run_ended(s3, tmp_path):  # noqa: F811

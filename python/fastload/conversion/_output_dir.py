@@ -15,11 +15,10 @@ import re
 from pathlib import Path
 
 from ..format._manifest import MANIFEST_NAME, UPGRADE_DIR, json_temp_path
-from ..format._splits import SPLITS_NAME
+from ..format._splits import SPLIT_FOLDERS, SPLITS_NAME
 from ._journal import PROGRESS_NAME
 from ._shard_targets import TASKS_DIR
 
-SPLIT_FOLDERS = ("train", "val")
 _SHARD = re.compile(r"shard-\d{5,}\.lmdb(-lock)?")  # LMDB's lock file, where a tool opened a shard with locking
 _PARTIAL = re.compile(r"\.shard-\d{5,}\.lmdb\.(build|compact|tmp)")
 _RECORDS = (MANIFEST_NAME, PROGRESS_NAME, "manifest.old.json")

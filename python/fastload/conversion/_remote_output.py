@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..format._splits import SPLIT_FOLDERS, SPLITS_NAME
 from ..storage import RemoteSpec, redact
 from ..storage._client import StorageOptions
 from ..storage._publish import (
@@ -19,6 +20,7 @@ from ..storage._publish import (
     mark_started,
     publish,
     read_remote_json,
+    read_remote_manifest,
     remote_dataset_exists,
     remove_staging,
 )
@@ -82,6 +84,18 @@ def check_resume_options_at(url: str, storage: StorageOptions, options: dict[str
         if recorded is not None:
             check_options_match(redact(url), name, recorded, options)
             return
+
+
+def check_complete_at(url: str, storage: StorageOptions) -> None:
+    """Read the manifests of the finished dataset at ``url`` (its own, or its splits'), as a reader would.
+
+    DatasetError names one that is damaged or missing: a resume does not call such a dataset complete.
+    """
+    if read_remote_json(url, storage, SPLITS_NAME) is None:
+        read_remote_manifest(url, storage)
+        return
+    for split in SPLIT_FOLDERS:
+        read_remote_manifest(join_url(url, split), storage)
 
 
 def direct_target(url: str, storage: StorageOptions, client: Any, split: str = "") -> RemoteShards | None:

@@ -78,6 +78,7 @@ from ._preprocess_plan import (
 )
 from ._remote_output import (
     begin_staged_run,
+    check_complete_at,
     check_resume_options_at,
     direct_target,
     publish_output,
@@ -391,6 +392,7 @@ def _run_to_url(args: argparse.Namespace, client: Any, url: str) -> list[WriteRe
         check_options(args)
         check_dense_options(args)
         check_resume_options_at(url, storage, _option_doc(args))
+        check_complete_at(url, storage)
         print(f"{redact(url)}: complete already; nothing to do")
         return []
     overwrite, saved = args.overwrite, args.absolute_source_root

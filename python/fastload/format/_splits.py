@@ -17,6 +17,7 @@ from ._manifest import MANIFEST_NAME, write_json_atomic
 from ._strict_json import JsonProblem, load_strict
 
 SPLITS_NAME = "splits.json"
+SPLIT_FOLDERS = ("train", "val")  # where a dataset root with splits keeps them
 MAX_SPLITS_BYTES = 16 << 20  # an index of a few splits; per-class counts of 100,000 classes take about 6 MB
 MAX_NAME_CHARS = 255  # a split's name and its directory's
 

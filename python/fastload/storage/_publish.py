@@ -35,13 +35,12 @@ from .._progress import Progress
 from ..errors import DatasetError, RemoteError, RemoteNotFoundError
 from ..format._manifest import MANIFEST_NAME, Manifest, load_manifest
 from ..format._manifest_check import MAX_MANIFEST_BYTES
-from ..format._splits import SPLITS_NAME
+from ..format._splits import SPLIT_FOLDERS, SPLITS_NAME
 from ..format._strict_json import load_strict
 from ._cache_fs import check_cache_dir, real_dir, remove_tree
 from ._client import RemoteRoot, StorageOptions, _obstore
 from ._urls import redact
 
-SPLIT_FOLDERS = ("train", "val")  # where a dataset with splits keeps them (format/_splits.py)
 _SHARD_FILE = re.compile(r"shard-\d{5,}\.lmdb")
 _LAST = (MANIFEST_NAME, SPLITS_NAME)  # uploaded after every other file, splits.json after the manifests
 
