@@ -598,19 +598,23 @@ void test_detach_pinned(const fs::path& dataset) {
     eager_refused = true;
   }
   CHECK(eager_refused);
-  // Detach and attach again while batches over every shard come and go. After each pass the churn
-  // waits until a submit has started, so that submits race attaching and detaching instead of all
-  // landing inside a pass: under Wine on a loaded machine, where attaching is slow, a churn with a
-  // fixed 200 us pause delivered 0 or 1 batches in thousands of submits.
+  // Detach and attach again while batches over every shard come and go. After a racing pass the
+  // churn waits until a submit has started, so that submits race attaching and detaching instead of
+  // all landing inside a pass; after a quiet pass it waits until two submits have ended, the second
+  // begun after the pass, so that one submit in two such finds every shard attached. Under Wine,
+  // where attaching is slow, racing passes alone delivered 0 to 5 batches of 300 (CI).
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> attempts{0};
+  std::atomic<uint64_t> ended{0};
   std::thread churn([&] {
-    while (!stop.load()) {
+    for (uint64_t pass = 0; !stop.load(); ++pass) {
       for (size_t i = 0; i < paths.size(); ++i) {
         if (lazy->detach(i)) lazy->attach(i, paths[i]);
       }
-      const uint64_t seen = attempts.load();
-      while (attempts.load() == seen && !stop.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      const bool quiet = pass % 2 == 1;
+      const std::atomic<uint64_t>& counter = quiet ? ended : attempts;
+      const uint64_t until = counter.load() + (quiet ? 2 : 1);
+      while (counter.load() < until && !stop.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   });
   size_t delivered = 0;
@@ -623,6 +627,7 @@ void test_detach_pinned(const fs::path& dataset) {
     } else {
       std::this_thread::yield();
     }
+    ended.fetch_add(1);
   }
   stop.store(true);
   churn.join();
