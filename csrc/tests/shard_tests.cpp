@@ -601,16 +601,19 @@ void test_detach_pinned(const fs::path& dataset) {
   // Detach and attach again while batches over every shard come and go. After a racing pass the
   // churn waits until a submit has started, so that submits race attaching and detaching instead of
   // all landing inside a pass; after a quiet pass it waits until two submits have ended, the second
-  // begun after the pass, so that one submit in two such finds every shard attached. Under Wine,
-  // where attaching is slow, racing passes alone delivered 0 to 5 batches of 300 (CI).
+  // begun after the pass, so that such a submit finds every shard attached. A refused submit waits
+  // for the pass in progress to end: under Wine, where attaching is slow, refused submits used up the
+  // rounds within a few passes (CI: 0 to 9 batches of 300 delivered).
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> attempts{0};
   std::atomic<uint64_t> ended{0};
+  std::atomic<uint64_t> passes{0};
   std::thread churn([&] {
     for (uint64_t pass = 0; !stop.load(); ++pass) {
       for (size_t i = 0; i < paths.size(); ++i) {
         if (lazy->detach(i)) lazy->attach(i, paths[i]);
       }
+      passes.fetch_add(1);
       const bool quiet = pass % 2 == 1;
       const std::atomic<uint64_t>& counter = quiet ? ended : attempts;
       const uint64_t until = counter.load() + (quiet ? 2 : 1);
@@ -621,11 +624,16 @@ void test_detach_pinned(const fs::path& dataset) {
   int rounds = 0;
   for (; rounds < 300; ++rounds) {
     const uint64_t a = static_cast<uint64_t>(rounds) % kSamples;
+    const uint64_t pass = passes.load();  // read before the attempt: the churn may be waiting for it
     attempts.fetch_add(1);
+    std::this_thread::sleep_for(std::chrono::microseconds(50 * (rounds % 4)));  // land early or late in a pass
     if (reader.submit({a, (a + kPerShard) % kSamples, (a + 2 * kPerShard) % kSamples})) {
       delivered += reader.wait_next(std::chrono::milliseconds(60000)).has_value() ? 1 : 0;
     } else {
-      std::this_thread::yield();
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (passes.load() == pass && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
     }
     ended.fetch_add(1);
   }
