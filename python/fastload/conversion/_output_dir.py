@@ -15,12 +15,13 @@ import re
 from pathlib import Path
 
 from ..format._manifest import MANIFEST_NAME, UPGRADE_DIR, json_temp_path
+from ..format._manifest_check import SHARD_FILE
 from ..format._splits import SPLIT_FOLDERS, SPLITS_NAME
 from ._journal import PROGRESS_NAME
 from ._shard_targets import TASKS_DIR
 
-_SHARD = re.compile(r"shard-\d{5,}\.lmdb(-lock)?")  # LMDB's lock file, where a tool opened a shard with locking
-_PARTIAL = re.compile(r"\.shard-\d{5,}\.lmdb\.(build|compact|tmp)")
+_SHARD = re.compile(SHARD_FILE.pattern + "(-lock)?")  # LMDB's lock file, where a tool opened a shard with locking
+_PARTIAL = re.compile(r"\." + SHARD_FILE.pattern + r"\.(build|compact|tmp)")
 _RECORDS = (MANIFEST_NAME, PROGRESS_NAME, "manifest.old.json")
 JSON_TEMPS = frozenset(json_temp_path(Path(name)).name for name in (PROGRESS_NAME, MANIFEST_NAME, SPLITS_NAME))
 

@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from ..format._manifest import MANIFEST_NAME
-from ..format._splits import SPLITS_NAME
+from ..format._splits import SPLIT_FOLDERS, SPLITS_NAME
 from ._cli_options import UsageError
 from ._journal import PROGRESS_NAME
 
 # A finished run's files that record its options, in the order they are looked at (a URL holds only these).
-RECORDING_FILES = (SPLITS_NAME, MANIFEST_NAME, f"train/{MANIFEST_NAME}", f"val/{MANIFEST_NAME}")
+RECORDING_FILES = (SPLITS_NAME, MANIFEST_NAME, *(f"{split}/{MANIFEST_NAME}" for split in SPLIT_FOLDERS))
 
 
 def _recorded_options(out: Path) -> tuple[Path, dict[str, Any]] | None:
     candidates = [out / SPLITS_NAME, out / MANIFEST_NAME, out / PROGRESS_NAME]
-    candidates += [out / s / n for s in ("train", "val") for n in (MANIFEST_NAME, PROGRESS_NAME)]
+    candidates += [out / s / n for s in SPLIT_FOLDERS for n in (MANIFEST_NAME, PROGRESS_NAME)]
     for path in candidates:
         if not path.is_file():
             continue

@@ -37,7 +37,7 @@ from ..format._codecs import (
 from ..format._dtypes import NUMPY_DTYPES, dtype_name
 from ..format._manifest import MANIFEST_NAME, load_manifest
 from ..format._record import Field
-from ..format._splits import SPLITS_NAME, write_splits
+from ..format._splits import SPLIT_FOLDERS, SPLITS_NAME, write_splits
 from ..storage import RemoteFolder, is_remote, redact
 from ._auto import PREFERENCES, Choice, choose_codec, sample_indices
 from ._cli_options import HelpFormatter, UsageError, check_options, parse_hw, parse_size
@@ -657,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
 def _interrupted(args: argparse.Namespace) -> int:
     """Report a Ctrl-C and return the exit status: 130, or 0 when the output was complete before it."""
     if _output_complete(args):  # Ctrl-C after the last manifest was written: the run is done
-        for folder in (args.output_dir, args.output_dir / "train", args.output_dir / "val"):
+        for folder in (args.output_dir, *(args.output_dir / split for split in SPLIT_FOLDERS)):
             if (folder / MANIFEST_NAME).exists():
                 drop_finished_journal(folder)
         print("preprocess_tiles: done (Ctrl-C arrived after the dataset was complete)", file=sys.stderr)

@@ -61,6 +61,9 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.lmdb"
 
 
+SHARD_FILE = re.compile(r"shard-\d{5,}\.lmdb")  # every name shard_name gives
+
+
 _Invalid = JsonProblem  # a problem at a key; read_manifest adds the file
 
 __all__ = ["LABEL_FIELD", "MAX_DEPTH", "MAX_FIELDS", "MAX_LABEL_CLASSES", "MAX_MANIFEST_BYTES", "read_manifest",

@@ -34,14 +34,13 @@ from typing import Any
 from .._progress import Progress
 from ..errors import DatasetError, RemoteError, RemoteNotFoundError
 from ..format._manifest import MANIFEST_NAME, Manifest, load_manifest
-from ..format._manifest_check import MAX_MANIFEST_BYTES
+from ..format._manifest_check import MAX_MANIFEST_BYTES, SHARD_FILE
 from ..format._splits import SPLIT_FOLDERS, SPLITS_NAME
 from ..format._strict_json import load_strict
-from ._cache_fs import check_cache_dir, real_dir, remove_tree
+from ._cache_fs import check_cache_dir, open_lock_file, real_dir, remove_tree
 from ._client import RemoteRoot, StorageOptions, _obstore
 from ._urls import redact
 
-_SHARD_FILE = re.compile(r"shard-\d{5,}\.lmdb")
 _LAST = (MANIFEST_NAME, SPLITS_NAME)  # uploaded after every other file, splits.json after the manifests
 
 
@@ -90,8 +89,7 @@ def mark_started(staging: Path) -> None:
     """Make the ``started_mark`` of ``staging`` (in the private ``publish/`` folder; never through a link)."""
     mark = started_mark(staging)
     try:
-        fd = os.open(mark, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
-                     0o600)
+        fd = open_lock_file(mark)
     except OSError as err:
         raise RemoteError(f"{mark}: cannot mark the conversion as started ({err.strerror}); a link planted "
                           "there is refused") from None
@@ -217,7 +215,7 @@ def _a_dataset_s(name: str, kinds: tuple[str, ...]) -> bool:
         return False
     if "json" in kinds and (file == MANIFEST_NAME or (folder == "" and file == SPLITS_NAME)):
         return True
-    return "shard" in kinds and _SHARD_FILE.fullmatch(file) is not None
+    return "shard" in kinds and SHARD_FILE.fullmatch(file) is not None
 
 
 def _manifests_at(root: RemoteRoot, obstore: Any) -> list[str]:
